@@ -1,0 +1,40 @@
+# Two commands matter: `make demo` and `make test`. Both build .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: demo test lint bench rank-fidelity world clean-venv
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, alone: the CPU build on this machine's disk; nothing after may replace it.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m cluster.demo --config configs/embedded.yaml
+
+test: $(STAMP)
+	# pytest exits 5 when it collects no tests: that is a failure here too.
+	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+rank-fidelity: $(STAMP)
+	$(PY) -m bench.rank_fidelity --config configs/embedded.yaml --json bench/results/rank_fidelity.json
+
+# Rebuild the embedded world from scratch (data shipped in scikit-learn): classifier, then base model.
+world: $(STAMP)
+	$(PY) -m rewards.train_digit_classifier
+	$(PY) -m diffusion.embedded.train
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,147 @@
+"""Rank fidelity of low-precision exploration (the paper's Table 8) on any model.
+
+    python -m bench.rank_fidelity [--config FILE] [--prompts P] [--n 96] [--explore-steps 6]
+                                  [--train-steps 10] [--precisions nvfp4,nvfp4_w4a16,fp8] --json FILE
+
+For P prompts × N seeds: the reference is full precision at train steps (what the learner
+regenerates); each variant samples the same seeds at explore steps — full precision
+(`none_explore_steps`, the step effect alone) and every low precision (step + quantization effect).
+Per prompt it compares the variant's rewards with the reference's: Spearman ρ, Kendall τ, top-K and
+bottom-K hit rates (|top-K(variant) ∩ top-K(reference)| / K), then averages over prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import kendalltau, spearmanr
+
+from cluster.config import load_config
+from diffusion.embedded.data import train_prompts
+from diffusion.explore import build_explore_engine
+from diffusion.loading import load_policy_from_config
+from diffusion.noise import derive_seeds
+from rewards import build_reward_from_config
+
+KS = (4, 8, 12)
+PAPER_NVFP4 = {"spearman": 0.927, "kendall": 0.798, "hit@4": 0.969, "hit@8": 0.950, "hit@12": 0.933}
+
+
+def hit_rate(proxy: np.ndarray, reference: np.ndarray, k: int, *, bottom: bool = False) -> float:
+    """|top-k(proxy) ∩ top-k(reference)| / k (bottom-k with bottom=True); ties broken by index."""
+    order = (lambda r: np.argsort(r, kind="stable")) if bottom else (lambda r: np.argsort(-r, kind="stable"))
+    return len(set(order(proxy)[:k]) & set(order(reference)[:k])) / k
+
+
+def fidelity(proxy: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+    """Table-8 metrics for [P, N] reward arrays, averaged over the P prompts."""
+    rows = []
+    for p, r in zip(proxy, reference, strict=True):
+        row = {"spearman": spearmanr(p, r).statistic, "kendall": kendalltau(p, r).statistic}
+        for k in KS:
+            row[f"hit@{k}"] = hit_rate(p, r, k)
+            row[f"bottom_hit@{k}"] = hit_rate(p, r, k, bottom=True)
+        rows.append(row)
+    out = {key: float(np.mean([row[key] for row in rows])) for key in rows[0]}
+    out["mean_abs_reward_error"] = float(np.mean(np.abs(proxy - reference)))
+    return out
+
+
+def reference_margin(reference: np.ndarray, k: int = 12) -> float:
+    """Median over prompts of the reference reward gap between ranks k and k+1 — how close a swap is."""
+    ordered = -np.sort(-reference, axis=1)
+    return float(np.median(ordered[:, k - 1] - ordered[:, k]))
+
+
+def sample_rewards(policy, reward, prompts, n, run_seed, steps, solver, transformer=None):
+    """Rewards [P, N] of each prompt's N derived seeds, and seconds spent."""
+    # One untimed call first: the first forward of a model pays allocation and kernel warm-up.
+    policy.sample([prompts[0]] * 2, [0, 1], steps=1, solver=solver, transformer=transformer)
+    rewards = []
+    start = time.perf_counter()
+    for slot, prompt in enumerate(prompts):
+        seeds = derive_seeds(run_seed, 0, slot, n)
+        latents = policy.sample([prompt] * n, seeds, steps=steps, solver=solver, transformer=transformer).x0
+        rewards.append(reward(policy.decode(latents), [prompt] * n).numpy())
+    return np.stack(rewards), time.perf_counter() - start
+
+
+def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    config = load_config(args.config, args.set)
+    policy = load_policy_from_config(config.model)
+    reward = build_reward_from_config(config.reward)
+    prompts = train_prompts()[: args.prompts] if config.prompts.source == "embedded" else None
+    if prompts is None:
+        prompts = [line.strip() for line in Path(config.prompts.source).read_text().splitlines() if line.strip()]
+        prompts = prompts[: args.prompts]
+    seed, candidates = config.run.seed, args.prompts * args.n
+
+    reference, ref_seconds = sample_rewards(
+        policy, reward, prompts, args.n, seed, args.train_steps, config.sampler.solver
+    )
+    results: dict[str, dict[str, float]] = {
+        "reference": {"s_per_candidate": ref_seconds / candidates, "steps": args.train_steps,
+                      "mean_reward": float(reference.mean()), "margin@12": reference_margin(reference),
+                      "saturated_fraction": float((reference > -0.01).mean())}
+    }
+    variants = [("none_explore_steps", "none")] + [(p, p) for p in args.precisions]
+    for name, precision in variants:
+        engine = None
+        if precision != "none":
+            engine = build_explore_engine(policy, config.explore.model_copy(update={"precision": precision}))
+        proxy, seconds = sample_rewards(
+            policy, reward, prompts, args.n, seed, args.explore_steps, config.explore.solver, transformer=engine
+        )
+        results[name] = {**fidelity(proxy, reference), "s_per_candidate": seconds / candidates,
+                         "steps": args.explore_steps, "mean_reward": float(proxy.mean())}
+        print(f"  {name:20s} done in {seconds:6.1f} s", flush=True)
+    return results
+
+
+def format_table(results: dict[str, dict[str, float]]) -> str:
+    cols = ("spearman", "kendall", "hit@4", "hit@8", "hit@12", "bottom_hit@12", "s_per_candidate")
+    lines = [f"| variant | steps | {' | '.join(cols)} |", "|---" * (len(cols) + 2) + "|"]
+    for name, row in results.items():
+        if name == "reference":
+            continue
+        cells = [f"{row[c]:.4f}" if c == "s_per_candidate" else f"{row[c]:.3f}" for c in cols]
+        lines.append(f"| {name} | {row['steps']} | {' | '.join(cells)} |")
+    paper = [f"{PAPER_NVFP4[c]:.3f}" if c in PAPER_NVFP4 else "—" for c in cols]
+    lines.append(f"| paper NVFP4 (Table 8) | 6 vs 10 | {' | '.join(paper)} |")
+    ref = results["reference"]
+    lines.append(f"\nreference: full precision, {ref['steps']} steps, {ref['s_per_candidate']:.4f} s/candidate, "
+                 f"mean reward {ref['mean_reward']:.3f}, median reward gap between ranks 12 and 13: "
+                 f"{ref['margin@12']:.4f}; candidates with log p > -0.01 (saturated): "
+                 f"{ref['saturated_fraction']:.1%}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/embedded.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--prompts", type=int, default=10)
+    parser.add_argument("--n", type=int, default=96)
+    parser.add_argument("--explore-steps", type=int, default=6)
+    parser.add_argument("--train-steps", type=int, default=10)
+    parser.add_argument("--precisions", type=lambda s: s.split(","), default=["nvfp4", "nvfp4_w4a16", "fp8"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.n < 13:
+        parser.error("--n must be at least 13 (hit@12 needs more candidates than 12)")
+    torch.set_num_threads(args.threads)
+    results = run(args)
+    print(format_table(results))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

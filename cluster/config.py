@@ -1,0 +1,98 @@
+"""The run's configuration tree, composed from the sections each package owns.
+
+    config = load_config("configs/embedded.yaml", ["explore.precision=fp8", "run.seed=3"])
+
+Invalid input fails here, before any model loads or any actor starts, with the field path, what
+was given and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from diffusion.config import ExploreConfig, ModelConfig, SamplerConfig
+from rewards.config import RewardConfig
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "embedded"
+    seed: int = Field(0, ge=0, description="every seed of the run derives from it")
+
+
+class PromptConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field("embedded", description="'embedded' (the digit prompts) or a text file, one per line")
+    per_iteration: int = Field(8, ge=1, description="prompt slots per iteration")
+    candidates: int = Field(96, ge=2, description="N: seeds explored per prompt")
+    keep: int = Field(24, ge=2, description="K: seeds regenerated and trained on per prompt")
+
+
+class SolRLConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    sampler: SamplerConfig = SamplerConfig()
+    explore: ExploreConfig = ExploreConfig()
+    reward: RewardConfig = RewardConfig()
+    prompts: PromptConfig = PromptConfig()
+
+
+class ConfigError(ValueError):
+    """A configuration problem, stated with the field path and the fix."""
+
+
+def _apply_override(tree: dict[str, Any], override: str) -> None:
+    if "=" not in override:
+        raise ConfigError(f"--set {override!r}: write it as key.path=value, e.g. explore.precision=fp8")
+    key, raw = override.split("=", 1)
+    value = yaml.safe_load(raw) if raw else ""
+    node = tree
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {override!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(p) for p in item["loc"])
+        given = item.get("input")
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown field (given {given!r}); check the spelling against the docs")
+        else:
+            lines.append(f"{path}: {item['msg']} (given {given!r})")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def parse_config(tree: dict[str, Any]) -> SolRLConfig:
+    try:
+        return SolRLConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SolRLConfig:
+    """Read a YAML preset (or the defaults), apply `key.path=value` overrides, validate."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {file} does not exist; presets live in configs/")
+        tree = yaml.safe_load(file.read_text()) or {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{file}: the top level must be a mapping of sections")
+    for override in overrides or []:
+        _apply_override(tree, override)
+    return parse_config(tree)

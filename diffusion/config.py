@@ -1,0 +1,48 @@
+"""Settings of the diffusion core: which model, how the learner samples, how explorers sample."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EMBEDDED_MODEL = Path(__file__).parent / "embedded" / "artifacts" / "model"
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field("embedded", description="a diffusers-format model folder, or 'embedded'")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="auto: bfloat16 on CUDA, float32 on CPU"
+    )
+    shift: float | None = Field(None, gt=0, description="time shift; None takes the scheduler config's")
+    resolution: int | None = Field(None, gt=0, description="pixels; None takes the transformer's sample size")
+
+    def folder(self) -> Path:
+        return EMBEDDED_MODEL if self.path == "embedded" else Path(self.path)
+
+
+class SamplerConfig(BaseModel):
+    """The high-precision sampler (the learner's regeneration, evaluation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    solver: Literal["euler", "dpm2"] = "euler"
+    steps: int = Field(10, ge=1)
+    cfg_scale: float = Field(1.0, ge=1.0)
+
+
+class ExploreConfig(BaseModel):
+    """The low-precision explore engine and its sampler."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    precision: Literal["nvfp4", "nvfp4_w4a16", "fp8", "none"] = "nvfp4"
+    backend: Literal["auto", "project", "modelopt", "te"] = "auto"
+    solver: Literal["euler", "dpm2"] = "euler"
+    steps: int = Field(6, ge=1)
+    min_dim: int | None = Field(None, ge=0, description="None takes the model family's minimum")
+    skip: list[str] | None = Field(None, description="module patterns kept in high precision; None: family's")

@@ -1,0 +1,137 @@
+"""The sampling policy: a loaded model that encodes prompts, predicts velocities, samples and decodes.
+
+One class for every family; the family object supplies the model-specific parts. The transformer
+used for a forward can be swapped per call (`transformer=`), which is how the low-precision explore
+engine — a quantized copy of the same transformer — reuses the prompt cache, the noise and the
+samplers of the full-precision policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from diffusion.families import Conditioning, Family
+from diffusion.noise import initial_noise
+from diffusion.samplers import SampleResult, Solver, flow_sigmas, sample_ode
+
+
+class FlowPolicy:
+    def __init__(
+        self,
+        family: Family,
+        components: Mapping[str, nn.Module],
+        *,
+        shift: float,
+        latent_shape: tuple[int, int, int],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.family = family
+        self.components = dict(components)
+        self.transformer: nn.Module = self.components["transformer"]
+        self.vae: nn.Module | None = self.components.get("vae")
+        self.shift = shift
+        self.latent_shape = latent_shape
+        self.device = device
+        self.dtype = dtype
+        self._prompt_cache: dict[str, Conditioning] = {}
+
+    # ---- prompts -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode(self, prompts: Sequence[str]) -> Conditioning:
+        """Conditioning for a batch of prompts; each distinct prompt is encoded once and cached."""
+        missing = sorted({p for p in prompts if p not in self._prompt_cache})
+        if missing:
+            encoded = self.family.encode(self.components, missing)
+            for i, prompt in enumerate(missing):
+                self._prompt_cache[prompt] = {k: v[i : i + 1].clone() for k, v in encoded.items()}
+        keys = self._prompt_cache[prompts[0]].keys()
+        return {k: torch.cat([self._prompt_cache[p][k] for p in prompts]) for k in keys}
+
+    # ---- model ---------------------------------------------------------------------------------
+    def velocity(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        cond: Conditioning,
+        *,
+        transformer: nn.Module | None = None,
+        cfg_scale: float = 1.0,
+        uncond: Conditioning | None = None,
+    ) -> torch.Tensor:
+        """v(x_σ, σ | c); with cfg_scale ≠ 1: v_u + s·(v_c − v_u) against the empty prompt."""
+        model = self.transformer if transformer is None else transformer
+        if cfg_scale == 1.0:
+            return self.family.velocity(model, x, sigma, cond)
+        if uncond is None:
+            raise ValueError("cfg_scale != 1 needs the unconditional (empty prompt) conditioning")
+        both = {k: torch.cat([uncond[k], cond[k]]) for k in cond}
+        v_u, v_c = self.family.velocity(model, torch.cat([x, x]), torch.cat([sigma, sigma]), both).chunk(2)
+        return v_u + cfg_scale * (v_c - v_u)
+
+    def sigmas(self, steps: int, shift: float | None = None) -> torch.Tensor:
+        return flow_sigmas(steps, self.shift if shift is None else shift)
+
+    @torch.inference_mode()
+    def sample(
+        self,
+        prompts: Sequence[str],
+        seeds: Sequence[int],
+        *,
+        steps: int,
+        solver: Solver = "euler",
+        cfg_scale: float = 1.0,
+        shift: float | None = None,
+        transformer: nn.Module | None = None,
+        return_states: bool = False,
+        batch_size: int | None = None,
+    ) -> SampleResult:
+        """Sample one latent per (prompt, seed) pair; x_1 comes from the seed alone.
+
+        Batches of `batch_size` are sampled independently and concatenated, so results do not
+        depend on how candidates are grouped (up to the kernels' own batch invariance).
+        """
+        if len(prompts) != len(seeds):
+            raise ValueError(f"got {len(prompts)} prompts for {len(seeds)} seeds: pass one prompt per seed")
+        sigmas = self.sigmas(steps, shift)
+        size = batch_size or len(seeds)
+        results = [
+            self._sample_batch(prompts[i : i + size], seeds[i : i + size], sigmas, solver, cfg_scale,
+                               transformer, return_states)
+            for i in range(0, len(seeds), size)
+        ]
+        if len(results) == 1:
+            return results[0]
+        states = None
+        if return_states:
+            states = [torch.cat([r.states[j] for r in results]) for j in range(len(sigmas))]  # type: ignore[index]
+        return SampleResult(x0=torch.cat([r.x0 for r in results]), sigmas=sigmas, states=states)
+
+    def _sample_batch(self, prompts, seeds, sigmas, solver, cfg_scale, transformer, return_states):
+        cond = self.encode(prompts)
+        uncond = self.encode([""] * len(prompts)) if cfg_scale != 1.0 else None
+        noise = initial_noise(seeds, self.latent_shape, device=self.device)
+
+        def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            return self.velocity(x, sigma.to(self.device), cond, transformer=transformer,
+                                 cfg_scale=cfg_scale, uncond=uncond)
+
+        return sample_ode(velocity, noise, sigmas.to(self.device), solver, return_states=return_states)
+
+    # ---- images --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Images in [0, 1], float32 [B, C, H, W].
+
+        With a VAE: x / scaling_factor + shift_factor → VAE decoder → (y + 1) / 2. Without one the
+        model works in pixel space (the embedded world): image = (x + 1) / 2.
+        """
+        if self.vae is None:
+            return ((latents.float() + 1.0) / 2.0).clamp_(0.0, 1.0)
+        config = self.vae.config
+        z = latents.to(self.vae.dtype) / config.scaling_factor + (getattr(config, "shift_factor", None) or 0.0)
+        images = self.vae.decode(z, return_dict=False)[0]
+        return ((images.float() + 1.0) / 2.0).clamp_(0.0, 1.0)

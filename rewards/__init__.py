@@ -1,0 +1,28 @@
+"""Rewards: images [B, C, H, W] in [0, 1] + B prompts → float32 scores [B] on the CPU.
+
+    from rewards import build_reward, known_rewards
+    reward = build_reward("digit_alignment")          # or "jpeg_compressibility"
+    scores = reward(images, prompts)                   # float32 [B]
+    extra = reward.details(images, prompts)            # {"accuracy": [B], ...}
+
+Importing the package registers every reward below.
+"""
+
+from rewards.base import Reward, build_reward, known_rewards, register_reward, validate_inputs
+from rewards.combine import WeightedSum
+from rewards.config import RewardConfig, build_reward_from_config
+from rewards.digit_alignment import DigitAlignment
+from rewards.jpeg_compressibility import JpegCompressibility
+
+__all__ = [
+    "DigitAlignment",
+    "JpegCompressibility",
+    "Reward",
+    "RewardConfig",
+    "WeightedSum",
+    "build_reward",
+    "build_reward_from_config",
+    "known_rewards",
+    "register_reward",
+    "validate_inputs",
+]

@@ -1,0 +1,131 @@
+"""The reward interface and the registry of rewards by name.
+
+A reward maps a batch of images and their prompts to one float32 score per image:
+
+    images:  float tensor [B, C, H, W] with values in [0, 1], C = 1 (grey) or 3 (RGB)
+    prompts: a sequence of B strings
+    →        float32 tensor [B] on the CPU (higher is better)
+
+Subclasses implement `_compute`, which returns the scores and a dict of extra per-sample
+diagnostics (each a float32 tensor [B]); the base class validates the inputs once, up front,
+and exposes `__call__` (scores only), `details` (diagnostics only) and `score_and_details`
+(both from one forward pass).
+
+Rewards are registered under a name with `@register_reward("name")` and built with
+`build_reward("name", **options)`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+
+import torch
+
+# Values may stray this far outside [0, 1] (decoding round-off) before inputs are rejected;
+# rewards clamp to [0, 1] before scoring.
+RANGE_TOLERANCE = 1e-2
+
+
+def validate_inputs(images: torch.Tensor, prompts: Sequence[str]) -> None:
+    """Raise ValueError (TypeError for wrong types) naming the problem with a reward's inputs."""
+    if not isinstance(images, torch.Tensor):
+        raise TypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
+    if not images.is_floating_point():
+        raise ValueError(f"images must be a float tensor with values in [0, 1], got dtype {images.dtype}")
+    if images.ndim != 4:
+        raise ValueError(f"images must have rank 4 [B, C, H, W], got shape {tuple(images.shape)}")
+    if images.shape[1] not in (1, 3):
+        raise ValueError(
+            f"images must have 1 (grey) or 3 (RGB) channels, got {images.shape[1]} "
+            f"(shape {tuple(images.shape)})"
+        )
+    if isinstance(prompts, str | bytes) or not isinstance(prompts, Sequence):
+        raise ValueError(
+            f"prompts must be a sequence of strings (one per image), got {type(prompts).__name__}"
+        )
+    if len(prompts) != images.shape[0]:
+        raise ValueError(
+            f"got {images.shape[0]} images but {len(prompts)} prompts: need one prompt per image"
+        )
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt {i} must be a string, got {type(prompt).__name__}")
+    if images.numel() == 0:
+        return
+    if not bool(torch.isfinite(images).all()):
+        raise ValueError("images contain NaN or infinite values")
+    low, high = float(images.min()), float(images.max())
+    if low < -RANGE_TOLERANCE or high > 1.0 + RANGE_TOLERANCE:
+        raise ValueError(
+            f"image values must lie in [0, 1] (tolerance {RANGE_TOLERANCE}), "
+            f"got min {low:.4g}, max {high:.4g}; decode model outputs with image = (x + 1) / 2 and clamp"
+        )
+
+
+class Reward(abc.ABC):
+    """A reward: images [B, C, H, W] in [0, 1] + B prompts → float32 [B] on the CPU."""
+
+    name: str = "reward"
+
+    @abc.abstractmethod
+    def _compute(
+        self, images: torch.Tensor, prompts: Sequence[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Scores [B] and per-sample diagnostics, for inputs that already passed `validate_inputs`."""
+
+    def score_and_details(
+        self, images: torch.Tensor, prompts: Sequence[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The rewards (float32 [B], CPU) and the diagnostics, computed once."""
+        validate_inputs(images, prompts)
+        scores, details = self._compute(images, list(prompts))
+        # clone(): plain tensors the caller may modify in place (not inference-mode tensors).
+        scores = scores.detach().to(device="cpu", dtype=torch.float32).clone()
+        if scores.shape != (images.shape[0],):
+            raise RuntimeError(
+                f"{self.name} returned shape {tuple(scores.shape)}, expected ({images.shape[0]},)"
+            )
+        details = {
+            key: value.detach().to(device="cpu", dtype=torch.float32).clone()
+            for key, value in details.items()
+        }
+        return scores, details
+
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        return self.score_and_details(images, prompts)[0]
+
+    def details(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Extra per-sample diagnostics (name → float32 [B]), e.g. digit_alignment's `accuracy`."""
+        return self.score_and_details(images, prompts)[1]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+_REGISTRY: dict[str, Callable[..., Reward]] = {}
+
+
+def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
+    """Class decorator: make a Reward subclass buildable as `build_reward(name, **options)`."""
+
+    def decorator(cls: type[Reward]) -> type[Reward]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"a reward named {name!r} is already registered ({_REGISTRY[name]})")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def known_rewards() -> list[str]:
+    """Names `build_reward` accepts, sorted."""
+    return sorted(_REGISTRY)
+
+
+def build_reward(name: str, **options: object) -> Reward:
+    """The reward registered under `name`, constructed with `options` (keyword arguments)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(known_rewards())}")
+    return _REGISTRY[name](**options)
