@@ -19,37 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import kendalltau, spearmanr
 
-from cluster.config import load_config
+from cluster.config import SolRLConfig, load_config
 from diffusion.embedded.data import train_prompts
 from diffusion.explore import build_explore_engine
 from diffusion.loading import load_policy_from_config
 from diffusion.noise import derive_seeds
-from rewards import build_reward_from_config
+from diffusion.policy import FlowPolicy
+from learner.fidelity import fidelity
+from rewards import Reward, build_reward_from_config
 
-KS = (4, 8, 12)
 PAPER_NVFP4 = {"spearman": 0.927, "kendall": 0.798, "hit@4": 0.969, "hit@8": 0.950, "hit@12": 0.933}
-
-
-def hit_rate(proxy: np.ndarray, reference: np.ndarray, k: int, *, bottom: bool = False) -> float:
-    """|top-k(proxy) ∩ top-k(reference)| / k (bottom-k with bottom=True); ties broken by index."""
-    order = (lambda r: np.argsort(r, kind="stable")) if bottom else (lambda r: np.argsort(-r, kind="stable"))
-    return len(set(order(proxy)[:k]) & set(order(reference)[:k])) / k
-
-
-def fidelity(proxy: np.ndarray, reference: np.ndarray) -> dict[str, float]:
-    """Table-8 metrics for [P, N] reward arrays, averaged over the P prompts."""
-    rows = []
-    for p, r in zip(proxy, reference, strict=True):
-        row = {"spearman": spearmanr(p, r).statistic, "kendall": kendalltau(p, r).statistic}
-        for k in KS:
-            row[f"hit@{k}"] = hit_rate(p, r, k)
-            row[f"bottom_hit@{k}"] = hit_rate(p, r, k, bottom=True)
-        rows.append(row)
-    out = {key: float(np.mean([row[key] for row in rows])) for key in rows[0]}
-    out["mean_abs_reward_error"] = float(np.mean(np.abs(proxy - reference)))
-    return out
 
 
 def reference_margin(reference: np.ndarray, k: int = 12) -> float:
@@ -61,7 +41,7 @@ def reference_margin(reference: np.ndarray, k: int = 12) -> float:
 def sample_rewards(policy, reward, prompts, n, run_seed, steps, solver, transformer=None):
     """Rewards [P, N] of each prompt's N derived seeds, and seconds spent."""
     # One untimed call first: the first forward of a model pays allocation and kernel warm-up.
-    policy.sample([prompts[0]] * 2, [0, 1], steps=1, solver=solver, transformer=transformer)
+    policy.sample([prompts[0]] * n, list(range(n)), steps=2, solver=solver, transformer=transformer)
     rewards = []
     start = time.perf_counter()
     for slot, prompt in enumerate(prompts):
@@ -71,40 +51,49 @@ def sample_rewards(policy, reward, prompts, n, run_seed, steps, solver, transfor
     return np.stack(rewards), time.perf_counter() - start
 
 
-def run(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    config = load_config(args.config, args.set)
-    policy = load_policy_from_config(config.model)
-    reward = build_reward_from_config(config.reward)
-    prompts = train_prompts()[: args.prompts] if config.prompts.source == "embedded" else None
-    if prompts is None:
+def load_prompts(config: SolRLConfig, count: int) -> list[str]:
+    if config.prompts.source == "embedded":
+        prompts = train_prompts()
+    else:
         prompts = [line.strip() for line in Path(config.prompts.source).read_text().splitlines() if line.strip()]
-        prompts = prompts[: args.prompts]
-    seed, candidates = config.run.seed, args.prompts * args.n
+    if count > len(prompts):
+        raise ValueError(f"asked for {count} prompts but the source has {len(prompts)}")
+    return prompts[:count]
 
-    reference, ref_seconds = sample_rewards(
-        policy, reward, prompts, args.n, seed, args.train_steps, config.sampler.solver
-    )
+
+def measure(
+    config: SolRLConfig,
+    policy: FlowPolicy,
+    reward: Reward,
+    num_prompts: int,
+    n: int,
+    explore_steps: int,
+    train_steps: int,
+    precisions: list[str],
+) -> dict[str, dict[str, float]]:
+    """Reference rewards at full precision × train_steps, then each variant's Table-8 metrics."""
+    prompts = load_prompts(config, num_prompts)
+    seed, candidates = config.run.seed, num_prompts * n
+    reference, ref_seconds = sample_rewards(policy, reward, prompts, n, seed, train_steps, config.sampler.solver)
     results: dict[str, dict[str, float]] = {
-        "reference": {"s_per_candidate": ref_seconds / candidates, "steps": args.train_steps,
+        "reference": {"s_per_candidate": ref_seconds / candidates, "steps": train_steps,
                       "mean_reward": float(reference.mean()), "margin@12": reference_margin(reference),
                       "saturated_fraction": float((reference > -0.01).mean())}
     }
-    variants = [("none_explore_steps", "none")] + [(p, p) for p in args.precisions]
-    for name, precision in variants:
+    for name, precision in [("none_explore_steps", "none")] + [(p, p) for p in precisions]:
         engine = None
         if precision != "none":
             engine = build_explore_engine(policy, config.explore.model_copy(update={"precision": precision}))
         proxy, seconds = sample_rewards(
-            policy, reward, prompts, args.n, seed, args.explore_steps, config.explore.solver, transformer=engine
+            policy, reward, prompts, n, seed, explore_steps, config.explore.solver, transformer=engine
         )
         results[name] = {**fidelity(proxy, reference), "s_per_candidate": seconds / candidates,
-                         "steps": args.explore_steps, "mean_reward": float(proxy.mean())}
-        print(f"  {name:20s} done in {seconds:6.1f} s", flush=True)
+                         "steps": explore_steps, "mean_reward": float(proxy.mean())}
     return results
 
 
 def format_table(results: dict[str, dict[str, float]]) -> str:
-    cols = ("spearman", "kendall", "hit@4", "hit@8", "hit@12", "bottom_hit@12", "s_per_candidate")
+    cols = ("spearman", "kendall", "hit@4", "hit@8", "hit@12", "bottom_hit@12", "tolerant_hit@12", "s_per_candidate")
     lines = [f"| variant | steps | {' | '.join(cols)} |", "|---" * (len(cols) + 2) + "|"]
     for name, row in results.items():
         if name == "reference":
@@ -136,7 +125,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.n < 13:
         parser.error("--n must be at least 13 (hit@12 needs more candidates than 12)")
     torch.set_num_threads(args.threads)
-    results = run(args)
+    config = load_config(args.config, args.set)
+    policy = load_policy_from_config(config.model)
+    reward = build_reward_from_config(config.reward)
+    results = measure(config, policy, reward, args.prompts, args.n, args.explore_steps, args.train_steps,
+                      args.precisions)
     print(format_table(results))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -137,7 +137,7 @@ def test_all_zero_tensor_gives_zeros_where_modelopt_gives_nan(dtype: torch.dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(32, 64), (2, 3, 48)])
+@pytest.mark.parametrize("shape", [(32, 64), (2, 3, 48), (5, 37)])
 def test_packed_layout_equals_modelopt(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     x = (torch.randn(shape, generator=gen(5)) * 4).to(dtype)
     qtensor, scale, scale2 = NVFP4QTensor.quantize(x.clone(), 16)

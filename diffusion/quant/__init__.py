@@ -12,6 +12,7 @@ from diffusion.quant.engine import (
     quantize_model,
     quantized_layer_names,
     refresh_quantizers,
+    resolve_backend,
     weight_tensors,
 )
 from diffusion.quant.fp8 import fp8_fake_quant
@@ -37,6 +38,7 @@ __all__ = [
     "quantize_model",
     "quantized_layer_names",
     "refresh_quantizers",
+    "resolve_backend",
     "swap_to_te_linear",
     "te_available",
     "weight_tensors",

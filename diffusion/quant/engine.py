@@ -47,6 +47,7 @@ Precision = Literal["nvfp4", "nvfp4_w4a16", "fp8", "none"]
 Backend = Literal["auto", "project", "modelopt", "te"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 BACKENDS: tuple[str, ...] = get_args(Backend)
+QUANTIZED_PRECISIONS: tuple[str, ...] = tuple(p for p in PRECISIONS if p != "none")
 
 _MODELOPT_PRESETS = {
     "nvfp4": "NVFP4_DEFAULT_CFG",
@@ -68,9 +69,9 @@ class QuantLinear(nn.Linear):
     weight_amax: torch.Tensor
 
     def __init__(self, linear: nn.Linear, precision: Precision, block_size: int = 16) -> None:
-        if precision not in _MODELOPT_PRESETS:
+        if precision not in QUANTIZED_PRECISIONS:
             raise ValueError(
-                f"QuantLinear precision must be one of {list(_MODELOPT_PRESETS)}, got {precision!r}"
+                f"QuantLinear precision must be one of {list(QUANTIZED_PRECISIONS)}, got {precision!r}"
             )
         # Built on the meta device, then handed the existing Parameters: nothing is reallocated.
         super().__init__(

@@ -62,7 +62,8 @@ def is_te_linear(module: nn.Module) -> bool:
 
 def swap_to_te_linear(model: nn.Module, eligible_names: Iterable[str]) -> nn.Module:
     """Replace each named ``nn.Linear`` of ``model`` in place by a ``te.pytorch.Linear`` with copied
-    weights; returns ``model``. Parameter names stay ``weight``/``bias``."""
+    weights; returns ``model`` (or the new layer when the name is ``""``, i.e. ``model`` itself).
+    Parameter names stay ``weight``/``bias``."""
     te = _require_te()
     for name in eligible_names:
         old = model.get_submodule(name)
@@ -82,6 +83,8 @@ def swap_to_te_linear(model: nn.Module, eligible_names: Iterable[str]) -> nn.Mod
             new.weight.copy_(old.weight)
             if old.bias is not None:
                 new.bias.copy_(old.bias)
+        if not name:
+            return new
         model.set_submodule(name, new)
     return model
 

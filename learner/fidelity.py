@@ -1,0 +1,51 @@
+"""How well a proxy ranking (low-precision exploration) agrees with the true one (full precision).
+
+Pure functions on reward arrays. The benchmark uses them for the paper's Table 8; the learner logs
+them every iteration on the seeds it regenerates (a free rank-fidelity monitor).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import kendalltau, spearmanr
+
+KS = (4, 8, 12)
+
+
+def hit_rate(proxy: np.ndarray, reference: np.ndarray, k: int, *, bottom: bool = False) -> float:
+    """|top-k(proxy) ∩ top-k(reference)| / k (bottom-k with bottom=True); ties broken by index."""
+    sign = 1.0 if bottom else -1.0
+    top_proxy = np.argsort(sign * proxy, kind="stable")[:k]
+    top_reference = np.argsort(sign * reference, kind="stable")[:k]
+    return len(set(top_proxy) & set(top_reference)) / k
+
+
+def tolerant_hit_rate(proxy: np.ndarray, reference: np.ndarray, k: int, tolerance: float) -> float:
+    """Share of the proxy's top-k whose reference reward is within `tolerance` of the reference's k-th best.
+
+    A miss of the plain hit rate can be a swap between candidates the reference itself cannot tell
+    apart (a saturated reward); this counts such picks as good.
+    """
+    kth_best = np.sort(reference)[::-1][k - 1]
+    picked = np.argsort(-proxy, kind="stable")[:k]
+    return float(np.mean(reference[picked] >= kth_best - tolerance))
+
+
+def fidelity(
+    proxy: np.ndarray, reference: np.ndarray, ks: tuple[int, ...] = KS, tolerance: float = 0.01
+) -> dict[str, float]:
+    """Spearman ρ, Kendall τ, top-k and bottom-k hit rates per prompt (rows of [P, N]), averaged.
+
+    `tolerant_hit@k` uses `tolerant_hit_rate` with the given reward tolerance.
+    """
+    rows = []
+    for p, r in zip(np.atleast_2d(proxy), np.atleast_2d(reference), strict=True):
+        row = {"spearman": spearmanr(p, r).statistic, "kendall": kendalltau(p, r).statistic}
+        for k in ks:
+            row[f"hit@{k}"] = hit_rate(p, r, k)
+            row[f"bottom_hit@{k}"] = hit_rate(p, r, k, bottom=True)
+            row[f"tolerant_hit@{k}"] = tolerant_hit_rate(p, r, k, tolerance)
+        rows.append(row)
+    out = {key: float(np.mean([row[key] for row in rows])) for key in rows[0]}
+    out["mean_abs_reward_error"] = float(np.mean(np.abs(proxy - reference)))
+    return out

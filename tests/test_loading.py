@@ -1,0 +1,160 @@
+"""The model-folder loader on real diffusers formats, and its errors.
+
+A tiny but complete SD3 pipeline (two CLIP encoders, T5, VAE, word-level tokenizers built in memory)
+is saved with diffusers' own `save_pretrained`, loaded by `load_policy`, and must reproduce
+`StableDiffusion3Pipeline`'s own sampling exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+from diffusion.embedded.model import build_text_encoder, build_tokenizer, build_transformer, save_model_folder
+from diffusion.families import SD3
+from diffusion.loading import load_policy
+from diffusion.noise import derive_seeds, initial_noise
+
+PROMPTS = ["a handwritten digit seven", "a drawing of the digit two"]
+
+
+def _clip(tokenizer, width: int, seed: int) -> CLIPTextModelWithProjection:
+    torch.manual_seed(seed)
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width, projection_dim=width,
+        num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=tokenizer.model_max_length,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    return CLIPTextModelWithProjection(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_sd3_folder(tmp_path_factory):
+    """A complete SD3 pipeline folder in diffusers' format, built offline."""
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    t5 = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=32, d_ff=37, d_kv=8, num_layers=2,
+                                 num_heads=4, decoder_start_token_id=0)).eval()
+    torch.manual_seed(1)
+    transformer = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=24,
+        pos_embed_max_size=8,
+    ).eval()
+    torch.manual_seed(2)
+    vae = AutoencoderKL(block_out_channels=(8, 16), in_channels=3, out_channels=3, latent_channels=4,
+                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                        norm_num_groups=8, sample_size=16, shift_factor=0.1, scaling_factor=1.5).eval()
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
+        text_encoder=_clip(tokenizer, 16, 3), tokenizer=tokenizer,
+        text_encoder_2=_clip(tokenizer, 8, 4), tokenizer_2=build_tokenizer(),
+        text_encoder_3=t5, tokenizer_3=build_tokenizer(),
+    )
+    folder = tmp_path_factory.mktemp("tiny_sd3")
+    pipe.save_pretrained(folder, safe_serialization=True)
+    return folder, pipe
+
+
+def test_loaded_sd3_matches_the_diffusers_pipeline(tiny_sd3_folder):
+    folder, pipe = tiny_sd3_folder
+    policy = load_policy(folder)
+    assert policy.family.name == "sd3" and policy.latent_shape == (4, 8, 8) and policy.shift == 3.0
+    seeds = derive_seeds(0, 0, 0, len(PROMPTS))
+    noise = initial_noise(seeds, policy.latent_shape)
+
+    ours = policy.sample(PROMPTS, seeds, steps=4, solver="euler").x0
+    theirs = pipe(PROMPTS, latents=noise.clone(), num_inference_steps=4, guidance_scale=1.0, height=16, width=16,
+                  output_type="latent").images
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+
+    images = pipe(PROMPTS, latents=noise.clone(), num_inference_steps=4, guidance_scale=1.0, height=16, width=16,
+                  output_type="pt").images
+    torch.testing.assert_close(policy.decode(ours), images, rtol=0, atol=1e-5)
+    assert policy.decode(ours).shape == (2, 3, 16, 16)
+
+
+def test_cfg_matches_the_pipeline_guidance(tiny_sd3_folder):
+    folder, pipe = tiny_sd3_folder
+    policy = load_policy(folder)
+    seeds = derive_seeds(0, 0, 1, len(PROMPTS))
+    noise = initial_noise(seeds, policy.latent_shape)
+    ours = policy.sample(PROMPTS, seeds, steps=3, cfg_scale=4.5).x0
+    theirs = pipe(PROMPTS, latents=noise.clone(), num_inference_steps=3, guidance_scale=4.5, height=16, width=16,
+                  output_type="latent").images
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_prompt_encoding_is_cached_per_prompt(tiny_sd3_folder):
+    policy = load_policy(tiny_sd3_folder[0])
+    first = policy.encode([PROMPTS[0], PROMPTS[1], PROMPTS[0]])
+    assert len(policy._prompt_cache) == 2
+    assert torch.equal(first["prompt_embeds"][0], first["prompt_embeds"][2])
+    # CLIP tokens (12) then T5 tokens (256), widths padded to joint_attention_dim
+    assert first["prompt_embeds"].shape == (3, 12 + 256, 32) and first["pooled_projections"].shape == (3, 24)
+
+
+def test_embedded_save_load_round_trip_is_exact(tmp_path):
+    torch.manual_seed(5)
+    tokenizer, transformer = build_tokenizer(), build_transformer().eval()
+    text_encoder = build_text_encoder(tokenizer).eval()
+    save_model_folder(tmp_path / "m", transformer, text_encoder, tokenizer)
+    policy = load_policy(tmp_path / "m")
+    x, sigma = torch.randn(3, 1, 16, 16), torch.tensor([0.9, 0.5, 0.1])
+    components = {"tokenizer": tokenizer, "text_encoder": text_encoder, "transformer": transformer}
+    with torch.no_grad():
+        expected = SD3.velocity(transformer, x, sigma, SD3.encode(components, PROMPTS + PROMPTS[:1]))
+    got = policy.velocity(x, sigma, policy.encode(PROMPTS + PROMPTS[:1]))
+    assert torch.equal(got, expected)
+    assert len(policy.components["tokenizer"]) == len(tokenizer)
+
+
+def test_missing_weights_name_the_file(tmp_path, tiny_sd3_folder):
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_sd3_folder[0], folder)
+    for weights in (folder / "transformer").glob("*.safetensors"):
+        weights.unlink()
+    with pytest.raises(FileNotFoundError, match=r"transformer has no \*\.safetensors"):
+        load_policy(folder)
+
+
+def test_missing_component_and_index_are_named(tmp_path, tiny_sd3_folder):
+    folder = tmp_path / "no_vae"
+    shutil.copytree(tiny_sd3_folder[0], folder)
+    shutil.rmtree(folder / "vae")
+    with pytest.raises(FileNotFoundError, match=r"vae is missing: component 'vae' is listed in model_index\.json"):
+        load_policy(folder)
+    (folder / "model_index.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"model_index\.json is missing"):
+        load_policy(folder)
+    with pytest.raises(FileNotFoundError, match="the model folder does not exist"):
+        load_policy(tmp_path / "nowhere")
+
+
+def test_pickle_weights_are_never_loaded(tmp_path, tiny_sd3_folder):
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_sd3_folder[0], folder)
+    weights = next((folder / "text_encoder").glob("*.safetensors"))
+    weights.rename(weights.with_name("pytorch_model.bin"))
+    with pytest.raises(FileNotFoundError, match="only safetensors are loaded"):
+        load_policy(folder)
+
+
+def test_unknown_and_unsupported_families_are_refused(tmp_path, tiny_sd3_folder):
+    folder = tmp_path / "other"
+    shutil.copytree(tiny_sd3_folder[0], folder)
+    config_path = folder / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["_class_name"] = "FluxTransformer2DModel"
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(NotImplementedError, match="model family 'flux' is not supported yet"):
+        load_policy(folder)
+    config["_class_name"] = "MysteryTransformer"
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"no model family for transformer class 'MysteryTransformer'.*SD3Transfor"):
+        load_policy(folder)
