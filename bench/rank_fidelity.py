@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from cluster.config import SolRLConfig, load_config
-from diffusion.embedded.data import train_prompts
 from diffusion.explore import build_explore_engine
 from diffusion.loading import load_policy_from_config
 from diffusion.noise import derive_seeds
 from diffusion.policy import FlowPolicy
+from diffusion.prompts import load_prompts
 from learner.fidelity import fidelity
 from rewards import Reward, build_reward_from_config
 
@@ -51,16 +51,6 @@ def sample_rewards(policy, reward, prompts, n, run_seed, steps, solver, transfor
     return np.stack(rewards), time.perf_counter() - start
 
 
-def load_prompts(config: SolRLConfig, count: int) -> list[str]:
-    if config.prompts.source == "embedded":
-        prompts = train_prompts()
-    else:
-        prompts = [line.strip() for line in Path(config.prompts.source).read_text().splitlines() if line.strip()]
-    if count > len(prompts):
-        raise ValueError(f"asked for {count} prompts but the source has {len(prompts)}")
-    return prompts[:count]
-
-
 def measure(
     config: SolRLConfig,
     policy: FlowPolicy,
@@ -72,7 +62,10 @@ def measure(
     precisions: list[str],
 ) -> dict[str, dict[str, float]]:
     """Reference rewards at full precision × train_steps, then each variant's Table-8 metrics."""
-    prompts = load_prompts(config, num_prompts)
+    prompts = load_prompts(config.prompts.source)
+    if num_prompts > len(prompts):
+        raise ValueError(f"asked for {num_prompts} prompts but {config.prompts.source!r} has {len(prompts)}")
+    prompts = prompts[:num_prompts]
     seed, candidates = config.run.seed, num_prompts * n
     reference, ref_seconds = sample_rewards(policy, reward, prompts, n, seed, train_steps, config.sampler.solver)
     results: dict[str, dict[str, float]] = {

@@ -12,26 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from diffusion.config import ExploreConfig, ModelConfig, SamplerConfig
+from diffusion.prompts import PromptConfig
+from learner.config import EvalConfig, LearnerConfig, RunConfig
+from learner.training_state import TrainingConfig
 from rewards.config import RewardConfig
-
-
-class RunConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = "embedded"
-    seed: int = Field(0, ge=0, description="every seed of the run derives from it")
-
-
-class PromptConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    source: str = Field("embedded", description="'embedded' (the digit prompts) or a text file, one per line")
-    per_iteration: int = Field(8, ge=1, description="prompt slots per iteration")
-    candidates: int = Field(96, ge=2, description="N: seeds explored per prompt")
-    keep: int = Field(24, ge=2, description="K: seeds regenerated and trained on per prompt")
 
 
 class SolRLConfig(BaseModel):
@@ -43,6 +30,19 @@ class SolRLConfig(BaseModel):
     explore: ExploreConfig = ExploreConfig()
     reward: RewardConfig = RewardConfig()
     prompts: PromptConfig = PromptConfig()
+    learner: LearnerConfig = LearnerConfig()
+    training: TrainingConfig = TrainingConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> SolRLConfig:
+        if self.prompts.keep > self.prompts.candidates:
+            raise ValueError(
+                f"prompts.keep ({self.prompts.keep}) must be <= prompts.candidates ({self.prompts.candidates})"
+            )
+        if self.learner.art.pairwise and self.prompts.keep != 2:
+            raise ValueError("learner.art.pairwise needs prompts.keep=2 (one winner, one loser per prompt)")
+        return self
 
 
 class ConfigError(ValueError):
@@ -67,7 +67,7 @@ def _apply_override(tree: dict[str, Any], override: str) -> None:
 def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
-        path = ".".join(str(p) for p in item["loc"])
+        path = ".".join(str(p) for p in item["loc"]) or "(top level)"
         given = item.get("input")
         if item["type"] == "extra_forbidden":
             lines.append(f"{path}: unknown field (given {given!r}); check the spelling against the docs")

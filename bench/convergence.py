@@ -1,0 +1,189 @@
+"""Convergence of the paper's four families from the same base, prompts and seeds.
+
+    python -m bench.convergence [--config FILE] [--families diffusionnft,naive_scaling,naive_quant,sol_rl]
+        [--objective nft|art] [--iterations N] [--seeds 0,1] [--eval-every 2] [--control] [--art]
+        [--set key=value ...] --json FILE [--png FILE]
+
+Every run starts from the same base model; run seed s fixes prompts, seeds and noise, so families
+differ only in how they explore and what they train on. Every `--eval-every` iterations the trained
+policy is evaluated on fixed held-out prompts and seeds (full precision, the sampler's steps).
+
+Three clocks: iterations; measured wall time (this CPU); and **modeled GPU time** — a cost model,
+not a measurement: one full-precision denoising step of one sample costs c (measured here once,
+at the start), a low-precision step 0.46·c (REFERENCE §1, from the paper's SD3.5-L Table 5:
+125 s/(96·6) FP4 vs 451 s/(96·10) BF16), training as measured.
+
+Speedup of a family = time for diffusionnft to first reach its own final held-out reward ÷ time for
+the family to first reach it (per run seed; mean and spread over seeds). `--control` adds sol_rl with
+each prompt's rewards shuffled among its samples (must stay flat); `--art` adds sol_rl with DiffusionART.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cluster.config import SolRLConfig, load_config
+from diffusion.loading import load_policy_from_config
+from diffusion.noise import derive_seeds
+from learner.trainer import Trainer
+
+LOW_PRECISION_STEP_COST = 0.46  # × a full-precision step; paper Table 5 (SD3.5-L), see module docstring
+
+
+def calibrate_step_cost(config: SolRLConfig, samples: int = 96) -> float:
+    """Seconds per full-precision denoising step of one sample, on this machine (median of 3)."""
+    policy = load_policy_from_config(config.model)
+    seeds, prompts = derive_seeds(0, -9, 0, samples), ["a handwritten digit one"] * samples
+    policy.sample(prompts, seeds, steps=2)  # warm-up
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        policy.sample(prompts, seeds, steps=config.sampler.steps, solver=config.sampler.solver)
+        times.append((time.perf_counter() - start) / (samples * config.sampler.steps))
+    return float(np.median(times))
+
+
+def run_one(config: SolRLConfig, step_cost: float, log) -> list[dict[str, Any]]:
+    trainer = Trainer(config)
+    points = [{"iteration": 0, "wall_s": 0.0, "modeled_s": 0.0, **trainer.evaluate()}]
+    wall = modeled = 0.0
+    for i in range(config.run.iterations):
+        m = trainer.train_iteration(i)
+        wall += m["iteration_s"]
+        modeled += step_cost * (m["fp_sample_steps"] + LOW_PRECISION_STEP_COST * m["lp_sample_steps"]) + m["train_s"]
+        if (i + 1) % config.eval.every == 0 or i + 1 == config.run.iterations:
+            point = {"iteration": i + 1, "wall_s": wall, "modeled_s": modeled, "train_reward": m["reward_mean"],
+                     **trainer.evaluate()}
+            if "rank_spearman" in m:
+                point["rank_spearman"] = m["rank_spearman"]
+            points.append(point)
+            log(f"    iter {i + 1:3d}  held-out reward {point['eval_reward']:7.3f}  "
+                f"acc {point.get('eval_accuracy', float('nan')):.3f}  wall {wall:6.1f}s  modeled {modeled:6.1f}s")
+    return points
+
+
+def first_reach(points: list[dict[str, Any]], target: float, clock: str) -> float:
+    for p in points:
+        if p["eval_reward"] >= target:
+            return p[clock]
+    return math.inf
+
+
+def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
+    """Per family and clock: time-to-target ratio against diffusionnft, per seed, then mean and spread."""
+    out: dict[str, dict[str, Any]] = {}
+    base = runs["diffusionnft"]
+    for family, by_seed in runs.items():
+        row: dict[str, Any] = {}
+        for clock in ("iteration", "wall_s", "modeled_s"):
+            ratios = []
+            for seed, points in by_seed.items():
+                target = base[seed][-1]["eval_reward"]
+                reference = first_reach(base[seed], target, clock)
+                reached = first_reach(points, target, clock)
+                ratios.append(reference / reached if reached > 0 and math.isfinite(reached) else 0.0)
+            row[clock] = {"per_seed": ratios, "mean": float(np.mean(ratios)),
+                          "min": float(np.min(ratios)), "max": float(np.max(ratios))}
+        row["final_eval_reward"] = [pts[-1]["eval_reward"] for pts in by_seed.values()]
+        row["final_eval_accuracy"] = [pts[-1].get("eval_accuracy") for pts in by_seed.values()]
+        row["base_eval_reward"] = [pts[0]["eval_reward"] for pts in by_seed.values()]
+        out[family] = row
+    return out
+
+
+def format_table(summary: dict[str, dict[str, Any]]) -> str:
+    lines = ["| run | held-out reward: base → final (mean over seeds) | final accuracy | speedup, iterations | "
+             "speedup, wall | speedup, modeled GPU time |", "|---|---|---|---|---|---|"]
+    for name, row in summary.items():
+        acc = [a for a in row["final_eval_accuracy"] if a is not None]
+        cells = [f"{row[c]['mean']:.2f}× ({row[c]['min']:.2f}–{row[c]['max']:.2f})"
+                 for c in ("iteration", "wall_s", "modeled_s")]
+        lines.append(f"| {name} | {np.mean(row['base_eval_reward']):.3f} → {np.mean(row['final_eval_reward']):.3f} | "
+                     f"{np.mean(acc) if acc else float('nan'):.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for (clock, label), ax in zip((("iteration", "iteration"), ("wall_s", "measured wall time (s, CPU)"),
+                                   ("modeled_s", "modeled GPU time (s, cost model)")), axes, strict=True):
+        for name, by_seed in runs.items():
+            xs = np.array([[p[clock] for p in pts] for pts in by_seed.values()])
+            ys = np.array([[p["eval_reward"] for p in pts] for pts in by_seed.values()])
+            line, = ax.plot(xs.mean(0), ys.mean(0), marker="o", ms=3, label=name)
+            ax.fill_between(xs.mean(0), ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out digit_alignment")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Held-out reward (mean over run seeds, band = min–max)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/embedded.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--families", type=lambda s: s.split(","),
+                        default=["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"])
+    parser.add_argument("--objective", choices=("nft", "art"), default="nft")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
+    parser.add_argument("--eval-every", type=int, default=2)
+    parser.add_argument("--control", action="store_true", help="add sol_rl with shuffled rewards")
+    parser.add_argument("--art", action="store_true", help="add sol_rl with the DiffusionART objective")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--png", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if "diffusionnft" not in args.families:
+        parser.error("--families must include diffusionnft: it sets the target")
+    torch.set_num_threads(args.threads)
+
+    common = [*args.set, f"run.iterations={args.iterations}", f"eval.every={args.eval_every}",
+              f"learner.objective={args.objective}"]
+    variants = {f: [f"learner.family={f}"] for f in args.families}
+    if args.control:
+        variants["sol_rl_shuffled"] = ["learner.family=sol_rl", "learner.shuffle_rewards=true"]
+    if args.art:
+        variants["sol_rl_art"] = ["learner.family=sol_rl", "learner.objective=art", "learner.decay.type=0"]
+    configs = {name: load_config(args.config, common + extra) for name, extra in variants.items()}  # fail early
+    step_cost = calibrate_step_cost(next(iter(configs.values())))
+    print(f"full-precision step cost: {step_cost * 1e3:.3f} ms per sample-step (low precision modeled at "
+          f"{LOW_PRECISION_STEP_COST}×)")
+
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in variants}
+    for seed in args.seeds:
+        for name, config in configs.items():
+            print(f"== {name}, run seed {seed}", flush=True)
+            runs[name][seed] = run_one(config.model_copy(update={"run": config.run.model_copy(update={"seed": seed})}),
+                                       step_cost, print)
+    summary = speedups(runs)
+    print(format_table(summary))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"step_cost_s": step_cost, "low_precision_step_cost": LOW_PRECISION_STEP_COST,
+                                     "args": {k: str(v) for k, v in vars(args).items()},
+                                     "summary": summary, "runs": runs}, indent=1) + "\n")
+    if args.png:
+        plot(runs, args.png)
+        print(f"wrote {args.png}")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

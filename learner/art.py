@@ -1,0 +1,204 @@
+"""DiffusionART: aggregation-first reward tilting with adaptive restoration (arXiv 2610.12572).
+
+Pure functions on tensors; the learner owns the models, the rollouts and the optimizer. The derivation,
+and which parts are the paper's and which are this project's choices, are in docs/objectives.md.
+
+Convention (rectified flow, as diffusion/samplers.py): x_t = (1 − t)·x0 + t·ε, v = ε − x0, t = σ ∈ [0, 1],
+x̂0 = x_t − t·v. States are the ones the deterministic reverse ODE visited; t and dt are per-sample [B]
+tensors (dt = t_next − t of the sampler's grid, negative; only |dt| is used).
+
+One iteration, per prompt c with K rollouts of the sampling ("old") policy:
+
+    G(c)   = art_guidance(x0[K, ...], R[K])               # Cov(R, x0 | c) / std(R), once per prompt
+    a, b   = split_windows(K, generator)                  # two disjoint windows of that prompt's rollouts
+    v*     = art_target(v_start(x_t), G(c), scale=η)      # frozen: v_start is the policy at iteration start
+    window 1: art_loss(v_θ, v*, v_old, t, dt, restore_weight=0)        on the states of a
+    window 2: art_loss(v_θ, v*, v_old, t, dt, restore_weight=λ)        on the states of b
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+T_MIN = 1e-4
+T_MAX = 1.0 - 1e-4
+
+
+def pairwise_scores(rewards: torch.Tensor) -> torch.Tensor:
+    """Pairwise preference scores for pairs on the last dim ([..., 2]): winner 1, loser 0, tie 0.5 each.
+
+    A tie is exact equality of the two rewards. Output: floating tensor, same shape (float32 if the
+    rewards are not floating).
+    """
+    if rewards.shape[-1] != 2:
+        raise ValueError(f"pairwise_scores expects pairs on the last dim, got shape {tuple(rewards.shape)}")
+    dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    first, second = rewards[..., 0], rewards[..., 1]
+    first_score = torch.where(first > second, 1.0, torch.where(first < second, 0.0, 0.5)).to(dtype)
+    return torch.stack([first_score, 1.0 - first_score], dim=-1)
+
+
+def art_guidance(x0: torch.Tensor, rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Aggregated guidance direction of one prompt: G = Cov(R, x0) / std(R).
+
+        z_k = (R_k − mean R) / std R          (population std; z ≡ 0 when std R < eps)
+        G   = (1/K) Σ_k z_k · (x0_k − mean x0) = (1/K) Σ_k z_k · x0_k      (Σ_k z_k = 0)
+
+    x0: [K, ...] final samples of the prompt; rewards: [K]. Returns G with x0's trailing shape and dtype.
+
+    Properties: invariant to R → aR + b (a > 0) and to permuting samples with their rewards; a < 0 flips
+    it; all-equal rewards give exactly 0; with pairwise scores and K = 2, G = (x0_w − x0_l)/2 exactly.
+    G keeps x0's units (std(R) is divided out, x0's spread is not): a prompt whose samples differ a lot
+    gets a larger step than one whose samples are near-identical. Computed in float64: the centring
+    of z then makes Σ z_k vanish to ~1e-16, so the uncentred contraction equals the centred one, and
+    the K = 2 pairwise case is exact (z = ±1, one subtraction, one halving).
+    """
+    if rewards.dim() != 1 or x0.shape[0] != rewards.shape[0]:
+        raise ValueError(f"x0 [K, ...] and rewards [K] expected, got {tuple(x0.shape)} and {tuple(rewards.shape)}")
+    k = rewards.shape[0]
+    r = rewards.detach().to(torch.float64)
+    centred = r - r.mean()
+    std = centred.pow(2).mean().sqrt()
+    if k < 2 or std.item() < eps:
+        return torch.zeros_like(x0[0])
+    z = centred / std
+    z = z - z.mean()  # re-centre in float64 so the uncentred contraction below is the covariance
+    flat = x0.detach().reshape(k, -1).to(torch.float64)
+    g = (z @ flat) / k
+    return g.reshape(x0.shape[1:]).to(x0.dtype)
+
+
+def art_target(v_start: torch.Tensor, guidance: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Frozen regression target v* = sg(v_start) − η·G.
+
+    v_start: [B, ...] velocity of the policy at the start of the iteration on the visited states; guidance:
+    G of each state's prompt, [...] (one prompt) or [B, ...]; scale: η. Because x̂0 = x_t − t·v, the target
+    moves the data prediction by +t·η·G, i.e. towards samples the reward prefers. No gradient flows.
+    """
+    return v_start.detach() - scale * guidance.detach().to(v_start.dtype)
+
+
+def _per_sample(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[B] → [B, 1, ..., 1] broadcastable against `like`."""
+    return x.reshape(-1, *([1] * (like.dim() - 1)))
+
+
+def _mean_dims(x: torch.Tensor) -> torch.Tensor:
+    """Per-sample mean over all but the first dim: [B, ...] → [B]."""
+    return x.reshape(x.shape[0], -1).mean(dim=1)
+
+
+def sde_kl(
+    v_theta: torch.Tensor,
+    v_old: torch.Tensor,
+    t: torch.Tensor,
+    dt: torch.Tensor,
+    noise_level: float = 0.7,
+) -> torch.Tensor:
+    """Per-sample KL between the SDE transitions of θ and old at a visited state ([B]).
+
+    Flow-GRPO's SDE with the same marginals as the ODE, std_t = a·sqrt(t/(1 − t)), step |Δt|:
+
+        x_{t−|Δt|} ~ N(x_t − [v + std_t²/(2t)·(x_t + (1 − t)·v)]·|Δt|,  std_t²·|Δt|·I)
+
+    Both policies share x_t and the variance, so only the v-dependent part of the mean differs:
+
+        Δμ    = (v_θ − v_old)·(1 + std_t²·(1 − t)/(2t))·|Δt|
+        KL_i  = mean_dims Δμ² / (2·std_t²·|Δt|)
+              = (1 + a²/2)²·(1 − t)·|Δt| / (2a²·t) · mean_dims (v_θ − v_old)²
+
+    t is clamped to [1e-4, 1 − 1e-4]: at t → 0 the SDE noise vanishes (std_t → 0, KL → ∞) and at t = 1,
+    the first state of every grid, std_t² = a²·t/(1 − t) is inf and the formula gives inf·0 = NaN.
+    Written in the closed form so dt = 0 gives KL = 0 instead of 0/0. Differentiable in v_θ.
+    """
+    a2 = noise_level**2
+    tc = t.to(torch.float64).clamp(T_MIN, T_MAX)
+    std2 = a2 * tc / (1.0 - tc)
+    coef = 1.0 + std2 * (1.0 - tc) / (2.0 * tc)  # = 1 + a²/2, kept literal
+    # Δμ²/(2·std²·|Δt|) without dividing by |Δt|
+    factor = (coef**2 * dt.to(torch.float64).abs() / (2.0 * std2)).to(v_theta.dtype)
+    return factor * _mean_dims((v_theta - v_old).pow(2))
+
+
+@torch.no_grad()
+def trust_mask(
+    v_theta: torch.Tensor,
+    v_old: torch.Tensor,
+    v_target: torch.Tensor,
+    t: torch.Tensor,
+    dt: torch.Tensor,
+    *,
+    threshold: float = 1e-5,
+    noise_level: float = 0.7,
+) -> torch.Tensor:
+    """Per-sample trust-region mask m ([B], float 0/1; no gradient).
+
+        m_i = 0  iff  KL_i > δ  and  ⟨v*_i − v_θ,i, v_θ,i − v_old,i⟩ > 0
+
+    A sample outside the trust region is blocked only when the regression step (along v* − v_θ) would
+    increase its drift from the old policy (the PPO-clip analogue); a step back towards the old policy
+    passes, and every sample inside the region passes. This is the project's reading of the paper's
+    "masks only updates that drift away" (see docs/objectives.md for the rejected reading).
+    """
+    kl = sde_kl(v_theta, v_old, t, dt, noise_level)
+    drift = (v_theta - v_old).reshape(v_theta.shape[0], -1)
+    step = (v_target - v_theta).reshape(v_theta.shape[0], -1)
+    away = (step * drift).sum(dim=1) > 0
+    return (~((kl > threshold) & away)).to(v_theta.dtype)
+
+
+def art_loss(
+    v_theta: torch.Tensor,
+    v_target: torch.Tensor,
+    v_old: torch.Tensor,
+    t: torch.Tensor,
+    dt: torch.Tensor,
+    *,
+    restore_weight: float,
+    threshold: float = 1e-5,
+    noise_level: float = 0.7,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss of one update window on B visited states.
+
+        L = mean_i m_i·mean_dims (v_θ − v*)²  +  λ·mean_i mean_dims (v_θ − sg(v_old))²
+
+    λ = restore_weight: 0 in window 1, the restoration strength in window 2. The restoration gradient,
+    2λ(v_θ − v_old)/(B·D), is proportional to the drift, so it restores in proportion to how far the
+    first window moved the policy. m = trust_mask(...) (no gradient). Masked samples still count in the
+    mean over B, so an unmasked sample's gradient does not grow when others are masked. v_target and
+    v_old are detached here.
+
+    Returns the scalar loss and detached diagnostics: masked_fraction, kl_mean, kl_max, guidance_loss
+    (the masked regression term), restore_loss (the unweighted restoration term).
+    """
+    v_target = v_target.detach()
+    v_old = v_old.detach()
+    mask = trust_mask(v_theta, v_old, v_target, t, dt, threshold=threshold, noise_level=noise_level)
+    regression = (mask * _mean_dims((v_theta - v_target).pow(2))).mean()
+    restore = _mean_dims((v_theta - v_old).pow(2)).mean()
+    loss = regression + restore_weight * restore if restore_weight != 0.0 else regression
+    with torch.no_grad():
+        kl = sde_kl(v_theta, v_old, t, dt, noise_level)
+        diagnostics = {
+            "masked_fraction": 1.0 - mask.mean(),
+            "kl_mean": kl.mean(),
+            "kl_max": kl.max(),
+            "guidance_loss": regression.detach(),
+            "restore_loss": restore.detach(),
+        }
+    return loss, diagnostics
+
+
+def split_windows(k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random even split of range(k) into two disjoint windows (first gets ceil(k/2)), each sorted.
+
+    Deterministic for a seeded generator. Applied per prompt, so each prompt's rollouts are split evenly
+    between the two update windows (its guidance still uses all K).
+    """
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    perm = torch.randperm(k, generator=generator)
+    half = math.ceil(k / 2)
+    return perm[:half].sort().values, perm[half:].sort().values

@@ -1,0 +1,340 @@
+"""The single-process Sol-RL trainer: explore → select → regenerate → reward → update → publish.
+
+One iteration, for P prompt slots (prompts and seeds are pure functions of run seed, iteration, slot):
+
+    family         explored (proxy)                  trained on
+    diffusionnft   —                                 K full-precision samples, train steps (K-in-K)
+    naive_scaling  N full precision, train steps     the K selected samples themselves
+    naive_quant    N low precision, train steps      the K selected low-precision samples
+    sol_rl         N low precision, explore steps    the K selected seeds regenerated in full precision
+
+then advantages (per-prompt centring, global scale), one optimizer step of the objective (NFT, or
+ART's two windows), the soft update of the sampling policy, and the publication of its merged
+weights to the low-precision engine. The Ray learner actor wraps this class; explorers call
+`learner.rollouts.explore_group`, the same function `collect` uses here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+
+from diffusion.explore import build_explore_engine
+from diffusion.loading import load_policy_from_config
+from diffusion.noise import derive_seed, derive_seeds
+from diffusion.prompts import load_prompts
+from diffusion.quant import load_weights
+from learner.advantages import compute_advantages
+from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows
+from learner.checkpoint import load_checkpoint, save_checkpoint
+from learner.objectives import nft_loss, trained_timestep_indices
+from learner.rollouts import Generated, RankedGroup, explore_group, generate
+from learner.selection import select_candidates
+from learner.training_state import TrainingState
+from rewards import build_reward_from_config
+
+if TYPE_CHECKING:  # the composed tree lives in cluster/, which imports this module
+    from cluster.config import SolRLConfig
+
+# Stream ids for derive_seed(run_seed, iteration, STREAM, index): one per kind of random choice.
+PROMPT_STREAM, SELECT_STREAM, TIMESTEP_STREAM, NOISE_STREAM, SHUFFLE_STREAM, WINDOW_STREAM = -1, -2, -3, -4, -5, -6
+EVAL_ITERATION = -1
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@dataclass
+class Group:
+    """What one prompt slot contributes to the update."""
+
+    prompt: str
+    samples: Generated  # the K training samples (x0, true rewards, visited states)
+    proxy: torch.Tensor | None  # proxy rewards of those K seeds, when a cheaper pass ranked them
+
+
+class Trainer:
+    def __init__(self, config: SolRLConfig, run_dir: str | Path | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.seed = config.run.seed
+        self.policy = load_policy_from_config(config.model)
+        self.reward = build_reward_from_config(config.reward)
+        family = config.learner.family
+        # The engine copies the plain transformer before LoRA is injected into it.
+        self.engine = build_explore_engine(self.policy, config.explore) if family in ("sol_rl", "naive_quant") else None
+        self.state = TrainingState.from_policy(self.policy, config.training, seed=derive_seed(self.seed, 0, -100, 0))
+        self.prompts = load_prompts(config.prompts.source)
+        self.eval_prompts = load_prompts(config.prompts.eval_source, heldout=True)[: config.eval.prompts]
+        self.iteration = 0
+        self.version = 0  # policy version: successful updates so far
+        self.counters = {"fp_sample_steps": 0, "lp_sample_steps": 0, "skipped_updates": 0}
+        self.history: list[dict[str, Any]] = []
+        self.publish()
+
+    # ---- the sampling policy -------------------------------------------------------------------
+    def publish(self) -> float:
+        """Copy the sampling policy's merged weights into the low-precision engine; seconds spent."""
+        start = time.perf_counter()
+        if self.engine is not None:
+            load_weights(self.engine, self.state.sampling_weights())
+        return time.perf_counter() - start
+
+    def prompts_for(self, iteration: int) -> list[str]:
+        g = _generator(derive_seed(self.seed, iteration, PROMPT_STREAM, 0))
+        count = self.config.prompts.per_iteration
+        order = torch.randperm(len(self.prompts), generator=g).tolist()
+        return [self.prompts[order[i % len(order)]] for i in range(count)]
+
+    # ---- rollouts ------------------------------------------------------------------------------
+    def _full(self, prompt: str, seeds: list[int], return_states: bool = False) -> Generated:
+        cfg = self.config.sampler
+        self.counters["fp_sample_steps"] += len(seeds) * cfg.steps
+        with self.state.use("old") as model:
+            return generate(self.policy, model, self.reward, prompt, seeds, steps=cfg.steps, solver=cfg.solver,
+                            return_states=return_states)
+
+    def _low(self, prompt: str, seeds: list[int], steps: int, return_states: bool = False) -> Generated:
+        self.counters["lp_sample_steps"] += len(seeds) * steps
+        return generate(self.policy, self.engine, self.reward, prompt, seeds, steps=steps,
+                        solver=self.config.explore.solver, return_states=return_states)
+
+    def explore(self, iteration: int, slot: int, prompt: str) -> RankedGroup:
+        """The explorer's job for one slot (sol_rl): N seeds in low precision at explore steps."""
+        seeds = derive_seeds(self.seed, iteration, slot, self.config.prompts.candidates)
+        self.counters["lp_sample_steps"] += len(seeds) * self.config.explore.steps
+        return explore_group(self.policy, self.engine, self.reward, iteration=iteration, slot=slot, prompt=prompt,
+                             seeds=seeds, steps=self.config.explore.steps, solver=self.config.explore.solver,
+                             policy_version=self.version)
+
+    def select(self, group: RankedGroup) -> list[int]:
+        g = _generator(derive_seed(self.seed, group.iteration, SELECT_STREAM, group.slot))
+        chosen = select_candidates(group.proxy, self.config.prompts.keep, self.config.learner.selection, g)
+        return chosen.tolist()
+
+    def collect(self, iteration: int, slot: int, prompt: str, group: RankedGroup | None = None) -> Group:
+        """The K training samples of one slot, by the paper's family. `group` may come from an explorer."""
+        family, k, n = self.config.learner.family, self.config.prompts.keep, self.config.prompts.candidates
+        states = self.config.learner.objective == "art"
+        if family == "diffusionnft":
+            return Group(prompt, self._full(prompt, derive_seeds(self.seed, iteration, slot, k), states), None)
+        if family == "sol_rl":
+            group = group or self.explore(iteration, slot, prompt)
+            chosen = self.select(group)
+            regenerated = self._full(prompt, [group.seeds[i] for i in chosen], states)
+            return Group(prompt, regenerated, group.proxy[chosen])
+        seeds = derive_seeds(self.seed, iteration, slot, n)
+        pool = (self._full(prompt, seeds, states) if family == "naive_scaling"
+                else self._low(prompt, seeds, self.config.sampler.steps, states))
+        ranked = RankedGroup(iteration, slot, prompt, seeds, pool.rewards, self.version)
+        chosen = self.select(ranked)
+        kept = Generated([seeds[i] for i in chosen], pool.x0[chosen], pool.rewards[chosen],
+                         [s[chosen] for s in pool.states] if pool.states is not None else None)
+        return Group(prompt, kept, None)
+
+    # ---- the update ----------------------------------------------------------------------------
+    def _rewards_for_update(self, iteration: int, groups: list[Group]) -> torch.Tensor:
+        rewards = torch.stack([g.samples.rewards for g in groups])  # [P, K]
+        if self.config.learner.shuffle_rewards:  # control: break the reward ↔ sample link within each prompt
+            g = _generator(derive_seed(self.seed, iteration, SHUFFLE_STREAM, 0))
+            rewards = torch.stack([row[torch.randperm(row.numel(), generator=g)] for row in rewards])
+        return rewards
+
+    def _velocity(self, model, x: torch.Tensor, sigma: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        with self.state.autocast():
+            return self.policy.velocity(x, sigma, self.policy.encode(prompts), transformer=model).float()
+
+    def update_nft(self, iteration: int, groups: list[Group], rewards: torch.Tensor) -> dict[str, float]:
+        cfg, nft = self.config.learner, self.config.learner.nft
+        advantages = compute_advantages(rewards, cfg.advantage_mode).flatten()
+        x0 = torch.cat([g.samples.x0 for g in groups])
+        prompts = [g.prompt for g in groups for _ in range(g.samples.x0.shape[0])]
+        sigmas = self.policy.sigmas(self.config.sampler.steps)[:-1]  # the sampler's own timesteps
+        idx = trained_timestep_indices(len(x0), len(sigmas), cfg.timestep_fraction,
+                                       _generator(derive_seed(self.seed, iteration, TIMESTEP_STREAM, 0)))
+        noise_g = _generator(derive_seed(self.seed, iteration, NOISE_STREAM, 0))
+        total, count = 0.0, idx.numel()
+        for j in range(idx.shape[1]):
+            t = sigmas[idx[:, j]]
+            eps = torch.randn(x0.shape, generator=noise_g)
+            x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * eps
+            for s in range(0, len(x0), cfg.micro_batch):
+                mb = slice(s, s + cfg.micro_batch)
+                dev = self.policy.device
+                xt_mb, t_mb = x_t[mb].to(dev), t[mb].to(dev)
+                with self.state.use("old") as model:
+                    v_old = self._velocity(model, xt_mb, t_mb, prompts[mb])
+                with self.state.use("reference") as model:
+                    v_ref = self._velocity(model, xt_mb, t_mb, prompts[mb])
+                with self.state.use("theta") as model:
+                    v_theta = self._velocity(model, xt_mb, t_mb, prompts[mb])
+                    loss = nft_loss(v_theta, v_old, v_ref, xt_mb, x0[mb].to(dev), t_mb, advantages[mb].to(dev),
+                                    beta=nft.beta, adv_clip_max=nft.adv_clip_max, kl_weight=nft.kl_weight)
+                    (loss * (t_mb.shape[0] / count)).backward()
+                total += float(loss.detach()) * t_mb.shape[0] / count
+        grad_norm = self.state.step(None)
+        return {"loss": total, "grad_norm": grad_norm}
+
+    def update_art(self, iteration: int, groups: list[Group], rewards: torch.Tensor) -> dict[str, float]:
+        cfg, art = self.config.learner, self.config.learner.art
+        sigmas = self.policy.sigmas(self.config.sampler.steps)
+        # Guidance per prompt from the full K group; pairwise replaces rewards by winner/loser scores.
+        scores = pairwise_scores(rewards) if art.pairwise else rewards
+        guidance = [art_guidance(g.samples.x0, scores[i]) for i, g in enumerate(groups)]
+        windows = [split_windows(g.samples.x0.shape[0], _generator(derive_seed(self.seed, iteration, WINDOW_STREAM, i)))
+                   for i, g in enumerate(groups)]
+        steps = len(sigmas) - 1
+        idx_g = _generator(derive_seed(self.seed, iteration, TIMESTEP_STREAM, 0))
+        metrics: dict[str, float] = {}
+        for w, restore in ((0, 0.0), (1, art.restore_weight)):
+            xs, ts, dts, gs, prompts = [], [], [], [], []
+            for i, g in enumerate(groups):
+                members = windows[i][w]
+                idx = trained_timestep_indices(len(members), steps, cfg.timestep_fraction, idx_g)
+                for row, k in enumerate(members.tolist()):
+                    for step in idx[row].tolist():  # states the reverse ODE rollout visited
+                        xs.append(g.samples.states[step][k])
+                        ts.append(sigmas[step])
+                        dts.append(sigmas[step + 1] - sigmas[step])
+                        gs.append(guidance[i])
+                        prompts.append(g.prompt)
+            x_t, t, dt, guide = torch.stack(xs), torch.stack(ts), torch.stack(dts), torch.stack(gs)
+            count, total = len(xs), 0.0
+            for s in range(0, count, cfg.micro_batch):
+                mb, dev = slice(s, s + cfg.micro_batch), self.policy.device
+                xt_mb, t_mb = x_t[mb].to(dev), t[mb].to(dev)
+                with self.state.use("old") as model:  # the sampling policy at the iteration's start
+                    v_old = self._velocity(model, xt_mb, t_mb, prompts[mb])
+                target = art_target(v_old, guide[mb].to(dev), art.guidance_scale)
+                with self.state.use("theta") as model:
+                    v_theta = self._velocity(model, xt_mb, t_mb, prompts[mb])
+                    loss, diag = art_loss(v_theta, target, v_old, t_mb, dt[mb].to(dev), restore_weight=restore,
+                                          threshold=art.trust_threshold, noise_level=art.noise_level)
+                    (loss * (t_mb.shape[0] / count)).backward()
+                total += float(loss.detach()) * t_mb.shape[0] / count
+                metrics[f"window{w + 1}_masked_fraction"] = float(diag["masked_fraction"])
+            metrics[f"window{w + 1}_loss"] = total
+            metrics[f"window{w + 1}_grad_norm"] = self.state.step(None)
+        metrics["loss"] = metrics["window1_loss"] + metrics["window2_loss"]
+        return metrics
+
+    # ---- one iteration -------------------------------------------------------------------------
+    def train_iteration(self, iteration: int, groups: list[RankedGroup] | None = None) -> dict[str, Any]:
+        """One iteration; `groups` are ranked groups from explorers (sol_rl), else explored here."""
+        start = time.perf_counter()
+        before = dict(self.counters)
+        prompts = self.prompts_for(iteration)
+        by_slot = {g.slot: g for g in groups or []}
+        collected = [self.collect(iteration, slot, p, by_slot.get(slot)) for slot, p in enumerate(prompts)]
+        rollout_s = time.perf_counter() - start
+
+        rewards = self._rewards_for_update(iteration, collected)
+        metrics: dict[str, Any] = {"iteration": iteration, "policy_version": self.version,
+                                   "reward_mean": float(rewards.mean()), "reward_max": float(rewards.max())}
+        if "accuracy" in collected[0].samples.details:
+            metrics["accuracy"] = float(torch.cat([g.samples.details["accuracy"] for g in collected]).mean())
+        metrics.update(self._rank_fidelity(collected))
+        t0 = time.perf_counter()
+        if not bool(torch.isfinite(rewards).all()):
+            self.counters["skipped_updates"] += 1  # nothing is trained, nothing is published
+            metrics["skipped"] = True
+        else:
+            update = self.update_art if self.config.learner.objective == "art" else self.update_nft
+            skipped_before = self.state.skipped_steps
+            metrics.update(update(iteration, collected, rewards))
+            if self.state.skipped_steps > skipped_before:
+                self.counters["skipped_updates"] += 1
+                metrics["skipped"] = True
+            else:
+                self.state.soft_update(self.config.learner.decay.decay(self.version))
+                self.version += 1
+        train_s = time.perf_counter() - t0
+        sync_s = self.publish() if not metrics.get("skipped") else 0.0
+        metrics.update({"rollout_s": rollout_s, "train_s": train_s, "sync_s": sync_s,
+                        "iteration_s": time.perf_counter() - start,
+                        **{k: self.counters[k] - before[k] for k in ("fp_sample_steps", "lp_sample_steps")},
+                        "skipped_updates": self.counters["skipped_updates"]})
+        return metrics
+
+    def _rank_fidelity(self, groups: list[Group]) -> dict[str, float]:
+        """Spearman ρ of proxy vs true rewards on the kept seeds, and how often the proxy put a seed
+        on the right side of the true median (the selection precision)."""
+        pairs = [(g.proxy.numpy(), g.samples.rewards.numpy()) for g in groups if g.proxy is not None]
+        if not pairs:
+            return {}
+        rho = [float(spearmanr(p, r).statistic) for p, r in pairs]
+        rho = [x for x in rho if not math.isnan(x)] or [math.nan]  # constant rewards have no ρ
+        precision = [np.mean((p > np.median(p)) == (r > np.median(r))) for p, r in pairs]
+        return {"rank_spearman": float(np.mean(rho)), "selection_precision": float(np.mean(precision))}
+
+    # ---- evaluation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out prompts × fixed seeds, full precision, the sampler's steps, with the trained policy θ."""
+        cfg = self.config.eval
+        rewards, accuracy = [], []
+        for slot, prompt in enumerate(self.eval_prompts):
+            seeds = derive_seeds(self.seed, EVAL_ITERATION, slot, cfg.seeds_per_prompt)
+            with self.state.use("theta") as model:
+                out = generate(self.policy, model, self.reward, prompt, seeds, steps=self.config.sampler.steps,
+                               solver=self.config.sampler.solver)
+            rewards.append(out.rewards)
+            if "accuracy" in out.details:
+                accuracy.append(out.details["accuracy"])
+        result = {"eval_reward": float(torch.cat(rewards).mean())}
+        if accuracy:
+            result["eval_accuracy"] = float(torch.cat(accuracy).mean())
+        return result
+
+    # ---- the loop, checkpoints -----------------------------------------------------------------
+    def checkpoint(self) -> None:
+        if self.run_dir is not None:
+            save_checkpoint(self.run_dir / "checkpoint", self.state, iteration=self.iteration,
+                            extra={"version": self.version, "counters": self.counters})
+
+    def resume(self) -> None:
+        """Continue from run_dir/checkpoint: bitwise the same continuation as not stopping (on CPU)."""
+        info = load_checkpoint(self.run_dir / "checkpoint", self.state)
+        self.iteration, self.version = info["iteration"], info["extra"]["version"]
+        self.counters = dict(info["extra"]["counters"])
+        self.publish()
+
+    def run(self, iterations: int | None = None, log=print) -> list[dict[str, Any]]:
+        total = self.config.run.iterations if iterations is None else iterations
+        every, ckpt = self.config.eval.every, self.config.run.checkpoint_every
+        while self.iteration < total:
+            metrics = self.train_iteration(self.iteration)
+            self.iteration += 1
+            if every and (self.iteration % every == 0 or self.iteration == total):
+                metrics.update(self.evaluate())
+            self.history.append(metrics)
+            if self.run_dir is not None:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                with (self.run_dir / "metrics.jsonl").open("a") as f:
+                    f.write(json.dumps(metrics) + "\n")
+                if (ckpt and self.iteration % ckpt == 0) or self.iteration == total:
+                    self.checkpoint()
+            log(progress_line(metrics))
+        return self.history
+
+
+def progress_line(m: dict[str, Any]) -> str:
+    parts = [f"iter {m['iteration']:3d}", f"reward {m['reward_mean']:7.3f}"]
+    if "eval_reward" in m:
+        parts.append(f"held-out {m['eval_reward']:7.3f}" + (f" acc {m['eval_accuracy']:.3f}" if "eval_accuracy" in m
+                                                             else ""))
+    if "rank_spearman" in m and not math.isnan(m["rank_spearman"]):
+        parts.append(f"ρ {m['rank_spearman']:.2f}")
+    parts.append(f"rollout {m['rollout_s']:.1f}s train {m['train_s']:.1f}s sync {m['sync_s']:.2f}s")
+    if m.get("skipped"):
+        parts.append("SKIPPED")
+    return "  ".join(parts)

@@ -1,0 +1,299 @@
+"""The learner's three views of one model, and its optimizer.
+
+DiffusionNFT trains θ, samples with θ_old (a soft copy of θ: θ_old ← d·θ_old + (1 − d)·θ) and
+regularises towards the reference (the base model). `TrainingState` owns the three views:
+
+* LoRA mode (default): one transformer carries two peft LoRA adapters, "default" (θ, trained) and
+  "old" (θ_old, frozen), initialised identical with B = 0 so that θ = θ_old = base at the start. The
+  reference is the same transformer with its adapters disabled. Switching view only flips two
+  attributes on each LoRA layer (no copies, no requires_grad changes).
+* Full mode: θ is the transformer itself, all parameters trainable; θ_old and the reference are
+  frozen deep copies (three copies of the weights in memory).
+
+Use a view with ``with state.use("theta" | "old" | "reference") as model:`` and pass `model` to
+`FlowPolicy.velocity(..., transformer=model)`. "old" and "reference" blocks run under
+`torch.no_grad()` (set by the context manager), so their forwards never build a graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+if TYPE_CHECKING:
+    from diffusion.policy import FlowPolicy
+
+View = Literal["theta", "old", "reference"]
+VIEWS: tuple[str, ...] = ("theta", "old", "reference")
+ADAPTERS = {"theta": "default", "old": "old"}  # peft adapter name of each LoRA view
+
+
+class TrainingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["lora", "full"] = "lora"
+    lora_rank: int = Field(32, ge=1)
+    lora_alpha: int = Field(64, ge=1)
+    lora_targets: list[str] | None = Field(None, description="None: the model family's LoRA targets")
+    lr: float = Field(3e-4, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(1e-4, ge=0)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, gt=0, description="max total grad L2 norm; inf disables clipping")
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    for tensor in module.parameters():
+        return tensor.device
+    return torch.device("cpu")
+
+
+class TrainingState:
+    """θ, θ_old, the reference and the AdamW optimizer of θ.
+
+    `transformer` is modified in place (LoRA mode injects adapters; full mode makes it trainable).
+    `family_targets` are the LoRA target module suffixes used when `config.lora_targets` is None
+    (`policy.family.lora_targets`). `seed` fixes the LoRA A initialisation (B starts at zero); the
+    global torch RNG is left as it was.
+    """
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        config: TrainingConfig | None = None,
+        *,
+        family_targets: Sequence[str] | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.config = config or TrainingConfig()
+        self.transformer = transformer
+        self.mode = self.config.mode
+        self.device = _device_of(transformer)
+        self.skipped_steps = 0
+        self._view: str = "theta"
+        self._base_keys = list(transformer.state_dict().keys())
+        self.lora_targets: list[str] | None = None
+        if self.mode == "lora":
+            targets = self.config.lora_targets if self.config.lora_targets is not None else family_targets
+            if not targets:
+                raise ValueError("LoRA mode needs target modules: set lora_targets or pass the family's targets")
+            self.lora_targets = list(targets)
+            self._init_lora(seed)
+        else:
+            self._init_full()
+        self.optimizer = torch.optim.AdamW(
+            list(self._theta.values()),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            weight_decay=self.config.weight_decay,
+            eps=self.config.eps,
+        )
+
+    @classmethod
+    def from_policy(cls, policy: FlowPolicy, config: TrainingConfig | None = None, *, seed: int = 0) -> TrainingState:
+        """A state on `policy.transformer`, with the policy's family LoRA targets as the default."""
+        return cls(policy.transformer, config, family_targets=policy.family.lora_targets, seed=seed)
+
+    # ---- construction --------------------------------------------------------------------------
+    def _init_lora(self, seed: int) -> None:
+        from peft import LoraConfig
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        transformer = self.transformer
+        if not hasattr(transformer, "add_adapter"):
+            raise TypeError(f"{type(transformer).__name__} has no add_adapter (a diffusers PeftAdapterMixin model)")
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        # peft's own init draws from the global RNG; a second adapter makes peft warn (it is on purpose).
+        with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+            for adapter in ("default", "old"):
+                lora = LoraConfig(
+                    r=self.config.lora_rank,
+                    lora_alpha=self.config.lora_alpha,
+                    target_modules=list(self.lora_targets or ()),
+                    init_lora_weights=True,
+                    lora_dropout=0.0,
+                )
+                transformer.add_adapter(lora, adapter_name=adapter)
+        self._layers: list[tuple[str, nn.Module]] = [
+            (name, module) for name, module in transformer.named_modules() if isinstance(module, BaseTunerLayer)
+        ]
+        for name, layer in self._layers:
+            for attribute in ("_active_adapter", "_disable_adapters", "get_delta_weight", "get_base_layer"):
+                if not hasattr(layer, attribute):
+                    raise RuntimeError(f"peft layer {name} has no {attribute!r}: unsupported peft version")
+        self._theta = self._adapter_parameters("default")
+        self._old = self._adapter_parameters("old")
+        if self._theta.keys() != self._old.keys():
+            raise RuntimeError("the 'default' and 'old' adapters have different parameters")
+
+        # Deterministic init from `seed`: A ~ kaiming-uniform(a=√5) (peft's and nn.Linear's default), B = 0.
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in self._theta.items():
+                if ".lora_A." in name:
+                    fresh = torch.empty(param.shape, dtype=torch.float32)
+                    nn.init.kaiming_uniform_(fresh, a=math.sqrt(5), generator=generator)
+                    param.copy_(fresh)
+                elif ".lora_B." in name:
+                    param.zero_()
+                else:
+                    raise RuntimeError(f"unexpected LoRA parameter {name}: only plain LoRA (A, B) is supported")
+            for name, param in self._old.items():
+                param.copy_(self._theta[name])
+        for param in self.transformer.parameters():
+            param.requires_grad_(False)
+        for param in self._theta.values():
+            param.requires_grad_(True)
+        self._set_view("theta")
+        merged_keys = list(self._merged_old_lora().keys())
+        if merged_keys != self._base_keys:
+            raise RuntimeError("LoRA injection changed the transformer's keys in an unexpected way")
+
+    def _adapter_parameters(self, adapter: str) -> dict[str, nn.Parameter]:
+        """Parameters of one adapter, named without the adapter segment (…lora_A.weight)."""
+        pattern = re.compile(rf"(\.lora_\w+)\.{re.escape(adapter)}(?=\.|$)")
+        out: dict[str, nn.Parameter] = {}
+        for name, param in self.transformer.named_parameters():
+            canonical, found = pattern.subn(r"\1", name)
+            if found:
+                out[canonical] = param
+        return out
+
+    def _init_full(self) -> None:
+        transformer = self.transformer
+        transformer.requires_grad_(False)
+        self.old_model = copy.deepcopy(transformer)
+        self.reference_model = copy.deepcopy(transformer)
+        transformer.requires_grad_(True)
+        self._theta = dict(transformer.named_parameters())
+        self._old = dict(self.old_model.named_parameters())
+
+    # ---- views ---------------------------------------------------------------------------------
+    @property
+    def view(self) -> str:
+        """The innermost active `use` view; 'theta' outside any. In LoRA mode a plain call of
+        `transformer` computes this view."""
+        return self._view
+
+    def _set_view(self, view: str) -> None:
+        self._view = view
+        if self.mode != "lora":
+            return
+        for _, layer in self._layers:
+            if view == "reference":
+                layer._disable_adapters = True
+            else:
+                layer._disable_adapters = False
+                layer._active_adapter = [ADAPTERS[view]]
+
+    def model(self, view: View) -> nn.Module:
+        """The module that computes `view` (LoRA mode: the shared transformer; switch with `use`)."""
+        if view not in VIEWS:
+            raise ValueError(f"unknown view {view!r}; expected one of {VIEWS}")
+        if self.mode == "lora" or view == "theta":
+            return self.transformer
+        return self.old_model if view == "old" else self.reference_model
+
+    @contextlib.contextmanager
+    def use(self, view: View) -> Iterator[nn.Module]:
+        """Yield the module computing `view`; the previous view is restored on exit.
+
+        'old' and 'reference' run under torch.no_grad() for the whole block.
+        """
+        model = self.model(view)
+        previous = self._view
+        self._set_view(view)
+        try:
+            with contextlib.nullcontext() if view == "theta" else torch.no_grad():
+                yield model
+        finally:
+            self._set_view(previous)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast on CUDA; a no-op elsewhere (CPU runs in the weights' dtype)."""
+        if self.device.type == "cuda":
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # ---- parameters ----------------------------------------------------------------------------
+    def theta_parameters(self) -> dict[str, nn.Parameter]:
+        """θ's trainable parameters by canonical name (LoRA: without the adapter segment)."""
+        return dict(self._theta)
+
+    def old_parameters(self) -> dict[str, nn.Parameter]:
+        """θ_old's parameters, same names and order as `theta_parameters`."""
+        return dict(self._old)
+
+    # ---- updates -------------------------------------------------------------------------------
+    def step(self, loss: torch.Tensor | None) -> float:
+        """Backward `loss` (None: gradients are already accumulated), clip, AdamW step, zero grads.
+
+        Returns the total gradient norm before clipping. A non-finite loss or norm skips the update
+        (gradients are dropped) and counts in `skipped_steps`.
+        """
+        finite_loss = True
+        if loss is not None:
+            finite_loss = bool(torch.isfinite(loss.detach()).all())
+            loss.backward()
+        params = list(self._theta.values())
+        norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
+        value = float(norm)
+        if finite_loss and math.isfinite(value):
+            self.optimizer.step()
+        else:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return value
+
+    @torch.no_grad()
+    def soft_update(self, decay: float) -> None:
+        """θ_old ← decay·θ_old + (1 − decay)·θ, in place (decay 0: copy θ exactly; 1: no change)."""
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must be in [0, 1], got {decay}")
+        if decay == 1.0:
+            return
+        old = list(self._old.values())
+        theta = [p.detach() for p in self._theta.values()]
+        if decay == 0.0:
+            for target, source in zip(old, theta, strict=True):
+                target.copy_(source)
+            return
+        torch._foreach_mul_(old, decay)
+        torch._foreach_add_(old, theta, alpha=1.0 - decay)
+
+    # ---- explorer weights ----------------------------------------------------------------------
+    @torch.no_grad()
+    def _merged_old_lora(self) -> dict[str, torch.Tensor]:
+        state = self.transformer.state_dict()
+        out: dict[str, torch.Tensor] = {}
+        for key, value in state.items():
+            if ".lora_" in key:
+                continue
+            out[key.replace(".base_layer.", ".")] = value
+        for name, layer in self._layers:
+            base = layer.get_base_layer().weight
+            delta = layer.get_delta_weight(ADAPTERS["old"])
+            out[f"{name}.weight"] = (base.float() + delta.float()).to(base.dtype)
+        return {key: out[key] for key in self._base_keys if key in out}
+
+    @torch.no_grad()
+    def sampling_weights(self) -> dict[str, torch.Tensor]:
+        """θ_old as a plain transformer state dict (the base's keys, shapes and dtypes).
+
+        LoRA: W + (alpha/rank)·B_old@A_old on the adapted weights (fresh tensors); the other entries
+        are the frozen base tensors themselves. Full mode: θ_old's own tensors, which the next
+        `soft_update` overwrites in place — copy them if they must outlive it.
+        """
+        if self.mode == "full":
+            return {k: v.detach() for k, v in self.old_model.state_dict().items()}
+        return self._merged_old_lora()

@@ -1,0 +1,113 @@
+"""The single-process trainer on the embedded model, at a tiny scale: families, resume, faults."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cluster.config import load_config
+from learner.trainer import Trainer
+from rewards.base import Reward, register_reward
+
+SMALL = [
+    "prompts.per_iteration=2", "prompts.candidates=8", "prompts.keep=4", "sampler.steps=4", "explore.steps=3",
+    "eval.every=0", "eval.prompts=2", "eval.seeds_per_prompt=2", "training.lora_rank=4", "training.lora_alpha=8",
+    "learner.micro_batch=64", "run.checkpoint_every=1",
+]
+
+
+def small_trainer(*overrides: str, run_dir=None) -> Trainer:
+    return Trainer(load_config("configs/embedded.yaml", SMALL + list(overrides)), run_dir=run_dir)
+
+
+def theta(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.state.theta_parameters().items()}
+
+
+@pytest.mark.parametrize(
+    ("family", "fp_steps", "lp_steps"),
+    [
+        ("diffusionnft", 2 * 4 * 4, 0),  # K samples at full precision
+        ("naive_scaling", 2 * 8 * 4, 0),  # N at full precision
+        ("naive_quant", 0, 2 * 8 * 4),  # N at low precision, train steps
+        ("sol_rl", 2 * 4 * 4, 2 * 8 * 3),  # N at low precision, explore steps + K regenerated
+    ],
+)
+def test_families_sample_what_the_paper_says(family, fp_steps, lp_steps):
+    trainer = small_trainer(f"learner.family={family}")
+    before = theta(trainer)
+    metrics = trainer.train_iteration(0)
+    assert (metrics["fp_sample_steps"], metrics["lp_sample_steps"]) == (fp_steps, lp_steps)
+    assert trainer.version == 1 and not metrics.get("skipped")
+    assert any(not torch.equal(before[k], v) for k, v in theta(trainer).items()), "θ must move"
+    assert ("rank_spearman" in metrics) == (family == "sol_rl")
+
+
+def test_engine_receives_the_sampling_policy_after_an_update():
+    trainer = small_trainer()
+    trainer.train_iteration(0)
+    published = trainer.state.sampling_weights()
+    engine_state = trainer.engine.state_dict()
+    assert published.keys() <= engine_state.keys()
+    assert all(torch.equal(engine_state[k], v) for k, v in published.items())
+
+
+def test_resume_continues_bitwise(tmp_path):
+    straight = small_trainer(run_dir=tmp_path / "a")
+    straight.run(3, log=lambda _: None)
+
+    first = small_trainer(run_dir=tmp_path / "b")
+    first.run(1, log=lambda _: None)
+    resumed = small_trainer(run_dir=tmp_path / "b")
+    resumed.resume()
+    assert resumed.iteration == 1 and resumed.version == 1
+    resumed.run(3, log=lambda _: None)
+    a, b = theta(straight), theta(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    old_a, old_b = straight.state.old_parameters(), resumed.state.old_parameters()
+    assert all(torch.equal(old_a[k], old_b[k]) for k in old_a)
+    assert [m["reward_mean"] for m in straight.history[1:]] == [m["reward_mean"] for m in resumed.history]
+
+
+@register_reward("nan_for_tests")
+class NaNReward(Reward):
+    """A reward that breaks: NaN for every sample (tests the skip path)."""
+
+    name = "nan_for_tests"
+
+    def _compute(self, images, prompts):
+        return torch.full((images.shape[0],), float("nan")), {}
+
+
+def test_nan_rewards_skip_the_update_and_publish_nothing():
+    trainer = small_trainer("reward.weights={nan_for_tests: 1.0}")
+    before, engine_before = theta(trainer), {k: v.clone() for k, v in trainer.engine.state_dict().items()}
+    metrics = trainer.train_iteration(0)
+    assert metrics["skipped"] and metrics["skipped_updates"] == 1 and trainer.version == 0
+    assert all(torch.equal(before[k], v) for k, v in theta(trainer).items())
+    assert all(torch.equal(engine_before[k], v) for k, v in trainer.engine.state_dict().items())
+
+
+def test_shuffled_rewards_keep_each_prompts_reward_multiset():
+    plain, shuffled = small_trainer(), small_trainer("learner.shuffle_rewards=true")
+    groups = [plain.collect(0, slot, p) for slot, p in enumerate(plain.prompts_for(0))]
+    a = plain._rewards_for_update(0, groups)
+    b = shuffled._rewards_for_update(0, groups)
+    assert not torch.equal(a, b)
+    assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
+
+
+def test_art_objective_runs_both_windows():
+    trainer = small_trainer("learner.objective=art", "learner.decay.type=0", "learner.family=diffusionnft")
+    before = theta(trainer)
+    metrics = trainer.train_iteration(0)
+    assert {"window1_loss", "window2_loss", "window1_grad_norm", "window2_grad_norm"} <= metrics.keys()
+    assert any(not torch.equal(before[k], v) for k, v in theta(trainer).items())
+    # decay type 0: the sampling policy is the trained one after the update
+    old = trainer.state.old_parameters()
+    assert all(torch.equal(old[k], v) for k, v in theta(trainer).items())
+
+
+def test_evaluation_is_deterministic():
+    trainer = small_trainer()
+    assert trainer.evaluate() == trainer.evaluate()
