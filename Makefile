@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test lint bench rank-fidelity world clean-venv
+.PHONY: demo demo-local test lint bench world clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
+# The embedded Sol-RL job on a local Ray: explorer + learner actors, weight sync, dashboard metrics.
 demo: $(STAMP)
+	rm -rf runs/demo
+	$(PY) -m cluster.launch --config configs/embedded.yaml --set run.iterations=10 --run-dir runs/demo
+
+# The same loop in one process, with a rank-fidelity table first.
+demo-local: $(STAMP)
 	$(PY) -m cluster.demo --config configs/embedded.yaml
 
 test: $(STAMP)
@@ -28,8 +34,13 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-rank-fidelity: $(STAMP)
-	$(PY) -m bench.rank_fidelity --config configs/embedded.yaml --json bench/results/rank_fidelity.json
+# Benchmarks (not tests): each prints a table and writes JSON under bench/results/.
+bench: $(STAMP)
+	$(PY) -m bench.rank_fidelity --prompts 30 --json bench/results/rank_fidelity.json
+	$(PY) -m bench.weight_sync --json bench/results/weight_sync.json
+	$(PY) -m bench.cluster_throughput --json bench/results/cluster_throughput.json
+	$(PY) -m bench.convergence --iterations 20 --seeds 0,1 --control --art \
+		--json bench/results/convergence.json --png bench/results/convergence.png
 
 # Rebuild the embedded world from scratch (data shipped in scikit-learn): classifier, then base model.
 world: $(STAMP)

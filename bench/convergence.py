@@ -77,10 +77,11 @@ def first_reach(points: list[dict[str, Any]], target: float, clock: str) -> floa
     return math.inf
 
 
-def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
-    """Per family and clock: time-to-target ratio against diffusionnft, per seed, then mean and spread."""
+def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]], baseline: str = "diffusionnft") -> dict[str, dict]:
+    """Per run and clock: the baseline's time to reach its own final held-out reward ÷ the run's time
+    to reach it, per seed, then mean and spread. 0 means the run never reached it."""
     out: dict[str, dict[str, Any]] = {}
-    base = runs["diffusionnft"]
+    base = runs[baseline]
     for family, by_seed in runs.items():
         row: dict[str, Any] = {}
         for clock in ("iteration", "wall_s", "modeled_s"):
@@ -150,7 +151,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--png", type=Path, default=None)
+    parser.add_argument("--from-json", action="store_true", help="only re-summarize an existing --json")
     args = parser.parse_args(argv)
+    if args.from_json:
+        rereport(args.json, args.png)
+        return
     if "diffusionnft" not in args.families:
         parser.error("--families must include diffusionnft: it sets the target")
     torch.set_num_threads(args.threads)
@@ -173,16 +178,30 @@ def main(argv: list[str] | None = None) -> None:
             print(f"== {name}, run seed {seed}", flush=True)
             runs[name][seed] = run_one(config.model_copy(update={"run": config.run.model_copy(update={"seed": seed})}),
                                        step_cost, print)
-    summary = speedups(runs)
-    print(format_table(summary))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"step_cost_s": step_cost, "low_precision_step_cost": LOW_PRECISION_STEP_COST,
-                                     "args": {k: str(v) for k, v in vars(args).items()},
-                                     "summary": summary, "runs": runs}, indent=1) + "\n")
-    if args.png:
-        plot(runs, args.png)
-        print(f"wrote {args.png}")
-    print(f"wrote {args.json}")
+    report(runs, step_cost, vars(args), args.json, args.png)
+
+
+def report(runs, step_cost: float, settings: dict, json_path: Path, png: Path | None) -> None:
+    """Tables against diffusionnft (and naive_scaling when it ran), the JSON, the PNG."""
+    summaries = {f"vs_{b}": speedups(runs, b) for b in ("diffusionnft", "naive_scaling") if b in runs}
+    for name, summary in summaries.items():
+        print(f"\nspeedup {name.replace('_', ' ')} (target: its final held-out reward)")
+        print(format_table(summary))
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps({"step_cost_s": step_cost, "low_precision_step_cost": LOW_PRECISION_STEP_COST,
+                                     "args": {k: str(v) for k, v in settings.items()},
+                                     "summary": summaries, "runs": runs}, indent=1) + "\n")
+    if png:
+        plot(runs, png)
+        print(f"wrote {png}")
+    print(f"wrote {json_path}")
+
+
+def rereport(json_path: Path, png: Path | None) -> None:
+    """Recompute the tables and the PNG from a previous run's JSON (no training)."""
+    data = json.loads(json_path.read_text())
+    runs = {name: {int(seed): pts for seed, pts in by_seed.items()} for name, by_seed in data["runs"].items()}
+    report(runs, data["step_cost_s"], data["args"], json_path, png)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,40 @@ was given and what is allowed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from diffusion.config import ExploreConfig, ModelConfig, SamplerConfig
 from diffusion.prompts import PromptConfig
 from learner.config import EvalConfig, LearnerConfig, RunConfig
 from learner.training_state import TrainingConfig
 from rewards.config import RewardConfig
+
+
+class ActorResources(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0, description="on a CPU-only cluster, 0 (logical resources stand in)")
+    threads: int = Field(1, ge=1, description="torch CPU threads inside the actor")
+
+
+class ExplorersConfig(ActorResources):
+    count: int = Field(1, ge=1, description="explorer actors; scales independently of the learner")
+
+
+class ClusterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(None, description="None: RAY_ADDRESS if set (ray job submit), else a local Ray")
+    mode: Literal["sync", "async"] = Field("sync", description="async: explorers run ahead of the learner")
+    max_policy_lag: int = Field(1, ge=0, description="async: drop groups explored more versions ago than this")
+    codec: Literal["auto", "dense", "nvfp4"] = Field("auto", description="auto: nvfp4 for NVFP4 engines")
+    placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+    explorers: ExplorersConfig = ExplorersConfig()
+    learner: ActorResources = ActorResources()
 
 
 class SolRLConfig(BaseModel):
@@ -33,6 +57,7 @@ class SolRLConfig(BaseModel):
     learner: LearnerConfig = LearnerConfig()
     training: TrainingConfig = TrainingConfig()
     eval: EvalConfig = EvalConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")
     def _check_shapes(self) -> SolRLConfig:
@@ -49,7 +74,7 @@ class ConfigError(ValueError):
     """A configuration problem, stated with the field path and the fix."""
 
 
-def _apply_override(tree: dict[str, Any], override: str) -> None:
+def apply_override(tree: dict[str, Any], override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"--set {override!r}: write it as key.path=value, e.g. explore.precision=fp8")
     key, raw = override.split("=", 1)
@@ -94,5 +119,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(tree, dict):
             raise ConfigError(f"{file}: the top level must be a mapping of sections")
     for override in overrides or []:
-        _apply_override(tree, override)
+        apply_override(tree, override)
     return parse_config(tree)

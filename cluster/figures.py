@@ -28,3 +28,35 @@ def save_image_grid(images: torch.Tensor, rows: int, path: str | Path, *, scale:
     image = Image.fromarray(canvas)
     image.resize((image.width * scale, image.height * scale), Image.NEAREST).save(out)
     return out
+
+
+def save_reward_curve(history: list[dict], path: str | Path, *, base: dict | None = None) -> Path:
+    """Held-out reward (and accuracy, when known) against iterations, with the batch reward beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = ([{"iteration": 0, **base}] if base else []) + [
+        {**m, "iteration": m["iteration"] + 1} for m in history if "eval_reward" in m
+    ]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.plot([m["iteration"] + 1 for m in history], [m["reward_mean"] for m in history], color="0.6", lw=1,
+            label="batch reward (kept samples)")
+    ax.plot([e["iteration"] for e in evals], [e["eval_reward"] for e in evals], marker="o", label="held-out reward")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("digit_alignment (log p)")
+    if evals and "eval_accuracy" in evals[0]:
+        acc = ax.twinx()
+        acc.plot([e["iteration"] for e in evals], [e["eval_accuracy"] for e in evals], color="tab:green", ls="--",
+                 marker="s", ms=3, label="held-out accuracy")
+        acc.set_ylabel("held-out accuracy")
+        acc.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

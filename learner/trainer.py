@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from diffusion.explore import build_explore_engine
 from diffusion.loading import load_policy_from_config
 from diffusion.noise import derive_seed, derive_seeds
 from diffusion.prompts import load_prompts
-from diffusion.quant import load_weights
+from diffusion.quant import eligible_linear_names, load_weights
 from learner.advantages import compute_advantages
 from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows
 from learner.checkpoint import load_checkpoint, save_checkpoint
@@ -53,6 +54,12 @@ def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def prompts_for(prompts: list[str], run_seed: int, iteration: int, count: int) -> list[str]:
+    """The iteration's prompt slots: a permutation seeded by (run seed, iteration), cycled to `count`."""
+    order = torch.randperm(len(prompts), generator=_generator(derive_seed(run_seed, iteration, PROMPT_STREAM, 0)))
+    return [prompts[order[i % len(prompts)]] for i in range(count)]
+
+
 @dataclass
 class Group:
     """What one prompt slot contributes to the update."""
@@ -63,15 +70,34 @@ class Group:
 
 
 class Trainer:
-    def __init__(self, config: SolRLConfig, run_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        config: SolRLConfig,
+        run_dir: str | Path | None = None,
+        *,
+        publish: Callable[[dict[str, torch.Tensor], int], Any] | None = None,
+    ) -> None:
+        """`publish(weights, version)` replaces loading the local engine (the Ray learner sends the
+        sampling policy to the weight-sync service instead; explorers then rank remotely)."""
         self.config = config
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.seed = config.run.seed
         self.policy = load_policy_from_config(config.model)
         self.reward = build_reward_from_config(config.reward)
+        self._publish = publish
         family = config.learner.family
-        # The engine copies the plain transformer before LoRA is injected into it.
-        self.engine = build_explore_engine(self.policy, config.explore) if family in ("sol_rl", "naive_quant") else None
+        quant = self.policy.family.quant
+        explore = config.explore
+        # What the explore engine quantizes (the nvfp4 weight-sync codec packs exactly these weights).
+        self.quantized_weights = [] if explore.precision == "none" else [
+            f"{name}.weight" for name in eligible_linear_names(
+                self.policy.transformer, skip=quant.skip if explore.skip is None else explore.skip,
+                min_dim=quant.min_dim if explore.min_dim is None else explore.min_dim)
+        ]
+        # The engine copies the plain transformer before LoRA is injected into it. A learner whose
+        # explorers are remote needs none, except naive_quant, which trains on low-precision samples.
+        needs_engine = family == "naive_quant" or (family == "sol_rl" and publish is None)
+        self.engine = build_explore_engine(self.policy, config.explore) if needs_engine else None
         self.state = TrainingState.from_policy(self.policy, config.training, seed=derive_seed(self.seed, 0, -100, 0))
         self.prompts = load_prompts(config.prompts.source)
         self.eval_prompts = load_prompts(config.prompts.eval_source, heldout=True)[: config.eval.prompts]
@@ -85,15 +111,14 @@ class Trainer:
     def publish(self) -> float:
         """Copy the sampling policy's merged weights into the low-precision engine; seconds spent."""
         start = time.perf_counter()
+        if self._publish is not None:
+            self._publish(self.state.sampling_weights(), self.version)
         if self.engine is not None:
             load_weights(self.engine, self.state.sampling_weights())
         return time.perf_counter() - start
 
     def prompts_for(self, iteration: int) -> list[str]:
-        g = _generator(derive_seed(self.seed, iteration, PROMPT_STREAM, 0))
-        count = self.config.prompts.per_iteration
-        order = torch.randperm(len(self.prompts), generator=g).tolist()
-        return [self.prompts[order[i % len(order)]] for i in range(count)]
+        return prompts_for(self.prompts, self.seed, iteration, self.config.prompts.per_iteration)
 
     # ---- rollouts ------------------------------------------------------------------------------
     def _full(self, prompt: str, seeds: list[int], return_states: bool = False) -> Generated:
@@ -185,21 +210,22 @@ class Trainer:
         return {"loss": total, "grad_norm": grad_norm}
 
     def update_art(self, iteration: int, groups: list[Group], rewards: torch.Tensor) -> dict[str, float]:
+        """DiffusionART (docs/objectives.md): a frozen target v* = v_start − η·G(c) on visited states,
+        two disjoint windows per prompt, restoration toward the sampling policy in the second."""
         cfg, art = self.config.learner, self.config.learner.art
-        sigmas = self.policy.sigmas(self.config.sampler.steps)
+        sigmas, dev = self.policy.sigmas(self.config.sampler.steps), self.policy.device
         # Guidance per prompt from the full K group; pairwise replaces rewards by winner/loser scores.
         scores = pairwise_scores(rewards) if art.pairwise else rewards
         guidance = [art_guidance(g.samples.x0, scores[i]) for i, g in enumerate(groups)]
-        windows = [split_windows(g.samples.x0.shape[0], _generator(derive_seed(self.seed, iteration, WINDOW_STREAM, i)))
-                   for i, g in enumerate(groups)]
-        steps = len(sigmas) - 1
         idx_g = _generator(derive_seed(self.seed, iteration, TIMESTEP_STREAM, 0))
-        metrics: dict[str, float] = {}
-        for w, restore in ((0, 0.0), (1, art.restore_weight)):
+        windows: list[dict[str, Any]] = []
+        for w in range(2):
             xs, ts, dts, gs, prompts = [], [], [], [], []
             for i, g in enumerate(groups):
-                members = windows[i][w]
-                idx = trained_timestep_indices(len(members), steps, cfg.timestep_fraction, idx_g)
+                split = split_windows(g.samples.x0.shape[0], _generator(derive_seed(self.seed, iteration,
+                                                                                     WINDOW_STREAM, i)))
+                members = split[w]
+                idx = trained_timestep_indices(len(members), len(sigmas) - 1, cfg.timestep_fraction, idx_g)
                 for row, k in enumerate(members.tolist()):
                     for step in idx[row].tolist():  # states the reverse ODE rollout visited
                         xs.append(g.samples.states[step][k])
@@ -207,18 +233,29 @@ class Trainer:
                         dts.append(sigmas[step + 1] - sigmas[step])
                         gs.append(guidance[i])
                         prompts.append(g.prompt)
-            x_t, t, dt, guide = torch.stack(xs), torch.stack(ts), torch.stack(dts), torch.stack(gs)
-            count, total = len(xs), 0.0
+            windows.append({"x_t": torch.stack(xs), "t": torch.stack(ts), "dt": torch.stack(dts),
+                            "guide": torch.stack(gs), "prompts": prompts})
+        # The target is frozen before any update: v_start is θ at the iteration's start, for both windows.
+        for win in windows:
+            with self.state.use("theta") as model, torch.no_grad():
+                v_start = torch.cat([
+                    self._velocity(model, win["x_t"][s:s + cfg.micro_batch].to(dev), win["t"][s:s + cfg.micro_batch]
+                                   .to(dev), win["prompts"][s:s + cfg.micro_batch])
+                    for s in range(0, len(win["prompts"]), cfg.micro_batch)])
+            win["target"] = art_target(v_start, win["guide"].to(dev), art.guidance_scale)
+        metrics: dict[str, float] = {}
+        for w, (win, restore) in enumerate(zip(windows, (0.0, art.restore_weight), strict=True)):
+            count, total = len(win["prompts"]), 0.0
             for s in range(0, count, cfg.micro_batch):
-                mb, dev = slice(s, s + cfg.micro_batch), self.policy.device
-                xt_mb, t_mb = x_t[mb].to(dev), t[mb].to(dev)
-                with self.state.use("old") as model:  # the sampling policy at the iteration's start
-                    v_old = self._velocity(model, xt_mb, t_mb, prompts[mb])
-                target = art_target(v_old, guide[mb].to(dev), art.guidance_scale)
+                mb = slice(s, s + cfg.micro_batch)
+                xt_mb, t_mb = win["x_t"][mb].to(dev), win["t"][mb].to(dev)
+                with self.state.use("old") as model:  # the sampling policy: the restoration's anchor
+                    v_old = self._velocity(model, xt_mb, t_mb, win["prompts"][mb])
                 with self.state.use("theta") as model:
-                    v_theta = self._velocity(model, xt_mb, t_mb, prompts[mb])
-                    loss, diag = art_loss(v_theta, target, v_old, t_mb, dt[mb].to(dev), restore_weight=restore,
-                                          threshold=art.trust_threshold, noise_level=art.noise_level)
+                    v_theta = self._velocity(model, xt_mb, t_mb, win["prompts"][mb])
+                    loss, diag = art_loss(v_theta, win["target"][mb], v_old, t_mb, win["dt"][mb].to(dev),
+                                          restore_weight=restore, threshold=art.trust_threshold,
+                                          noise_level=art.noise_level)
                     (loss * (t_mb.shape[0] / count)).backward()
                 total += float(loss.detach()) * t_mb.shape[0] / count
                 metrics[f"window{w + 1}_masked_fraction"] = float(diag["masked_fraction"])
@@ -238,7 +275,10 @@ class Trainer:
         rollout_s = time.perf_counter() - start
 
         rewards = self._rewards_for_update(iteration, collected)
+        # The kept seeds were regenerated by the current sampling policy (version self.version), however
+        # old the policy that ranked them: asynchrony only makes the *choice* of seeds stale.
         metrics: dict[str, Any] = {"iteration": iteration, "policy_version": self.version,
+                                   "sampled_with_version": self.version,
                                    "reward_mean": float(rewards.mean()), "reward_max": float(rewards.max())}
         if "accuracy" in collected[0].samples.details:
             metrics["accuracy"] = float(torch.cat([g.samples.details["accuracy"] for g in collected]).mean())
@@ -295,6 +335,17 @@ class Trainer:
             result["eval_accuracy"] = float(torch.cat(accuracy).mean())
         return result
 
+    @torch.no_grad()
+    def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
+        """Held-out prompts × fixed seeds with θ, full precision: images [P·S, C, H, W] (a grid's rows)."""
+        prompts = [p for p in self.eval_prompts for _ in range(seeds_per_prompt)]
+        seeds = [s for slot in range(len(self.eval_prompts))
+                 for s in derive_seeds(self.seed, EVAL_ITERATION, 1000 + slot, seeds_per_prompt)]
+        cfg = self.config.sampler
+        with self.state.use("theta") as model:
+            x0 = self.policy.sample(prompts, seeds, steps=cfg.steps, solver=cfg.solver, transformer=model).x0
+        return self.policy.decode(x0)
+
     # ---- the loop, checkpoints -----------------------------------------------------------------
     def checkpoint(self) -> None:
         if self.run_dir is not None:
@@ -308,22 +359,44 @@ class Trainer:
         self.counters = dict(info["extra"]["counters"])
         self.publish()
 
+    def finish_iteration(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """After an update: count it, evaluate when due, log, checkpoint when due."""
+        self.iteration += 1
+        every, total, ckpt = self.config.eval.every, self.config.run.iterations, self.config.run.checkpoint_every
+        if every and (self.iteration % every == 0 or self.iteration == total):
+            metrics.update(self.evaluate())
+        metrics["policy_version"] = self.version
+        self.history.append(metrics)
+        if self.run_dir is not None:
+            self.log_metrics(metrics)
+            if (ckpt and self.iteration % ckpt == 0) or self.iteration == total:
+                self.checkpoint()
+        return metrics
+
+    def log_metrics(self, metrics: dict[str, Any]) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with (self.run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+
+    def save_final(self, folder: Path) -> dict[str, str]:
+        """The trained policy θ (merged into plain transformer keys) and the sampling policy θ_old,
+        as safetensors, with the run's config as JSON."""
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for view, name in (("theta", "transformer.safetensors"), ("old", "sampling_transformer.safetensors")):
+            weights = {k: v.detach().contiguous().cpu() for k, v in self.state.merged_weights(view).items()}
+            save_file(weights, str(folder / name), metadata={"iteration": str(self.iteration),
+                                                            "policy_version": str(self.version)})
+            files[view] = str(folder / name)
+        (folder / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
+        return files
+
     def run(self, iterations: int | None = None, log=print) -> list[dict[str, Any]]:
         total = self.config.run.iterations if iterations is None else iterations
-        every, ckpt = self.config.eval.every, self.config.run.checkpoint_every
         while self.iteration < total:
-            metrics = self.train_iteration(self.iteration)
-            self.iteration += 1
-            if every and (self.iteration % every == 0 or self.iteration == total):
-                metrics.update(self.evaluate())
-            self.history.append(metrics)
-            if self.run_dir is not None:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                with (self.run_dir / "metrics.jsonl").open("a") as f:
-                    f.write(json.dumps(metrics) + "\n")
-                if (ckpt and self.iteration % ckpt == 0) or self.iteration == total:
-                    self.checkpoint()
-            log(progress_line(metrics))
+            log(progress_line(self.finish_iteration(self.train_iteration(self.iteration))))
         return self.history
 
 
@@ -334,7 +407,9 @@ def progress_line(m: dict[str, Any]) -> str:
                                                              else ""))
     if "rank_spearman" in m and not math.isnan(m["rank_spearman"]):
         parts.append(f"ρ {m['rank_spearman']:.2f}")
-    parts.append(f"rollout {m['rollout_s']:.1f}s train {m['train_s']:.1f}s sync {m['sync_s']:.2f}s")
+    timing = f"explore {m['explore_seconds']:.1f}s regen {m['rollout_s']:.1f}s" if "explore_seconds" in m \
+        else f"rollout {m['rollout_s']:.1f}s"
+    parts.append(f"{timing} train {m['train_s']:.1f}s sync {m['sync_s']:.2f}s")
     if m.get("skipped"):
         parts.append("SKIPPED")
     return "  ".join(parts)

@@ -274,6 +274,19 @@ class TrainingState:
     # ---- explorer weights ----------------------------------------------------------------------
     @torch.no_grad()
     def _merged_old_lora(self) -> dict[str, torch.Tensor]:
+        return self._merged_lora("old")
+
+    @torch.no_grad()
+    def merged_weights(self, view: str = "theta") -> dict[str, torch.Tensor]:
+        """θ ("theta") or θ_old ("old") as a plain transformer state dict (fresh or frozen tensors)."""
+        if view not in ("theta", "old"):
+            raise ValueError(f"merged_weights takes 'theta' or 'old', got {view!r}")
+        if self.mode == "full":
+            model = self.transformer if view == "theta" else self.old_model
+            return {k: v.detach() for k, v in model.state_dict().items()}
+        return self._merged_lora(view)
+
+    def _merged_lora(self, view: str) -> dict[str, torch.Tensor]:
         state = self.transformer.state_dict()
         out: dict[str, torch.Tensor] = {}
         for key, value in state.items():
@@ -282,7 +295,7 @@ class TrainingState:
             out[key.replace(".base_layer.", ".")] = value
         for name, layer in self._layers:
             base = layer.get_base_layer().weight
-            delta = layer.get_delta_weight(ADAPTERS["old"])
+            delta = layer.get_delta_weight(ADAPTERS[view])
             out[f"{name}.weight"] = (base.float() + delta.float()).to(base.dtype)
         return {key: out[key] for key in self._base_keys if key in out}
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Literal, get_args
 
 import numpy as np
@@ -98,6 +98,19 @@ class QuantLinear(nn.Linear):
             self.weight_fq = fp8_fake_quant(weight, self.weight_amax)
         else:
             self.weight_fq = nvfp4_fake_quant(weight, self.block_size)
+
+    @torch.no_grad()
+    def adopt_quantized(self) -> None:
+        """Take the current weight as already fake-quantized (an NVFP4 snapshot decoded by the explorer).
+
+        Re-quantizing decoded NVFP4 values is not always the identity in FP32 (the tensor scale can move
+        by one ulp), so values that arrive quantized are used as they are, bit for bit.
+        """
+        if self.precision == "fp8":
+            raise ValueError("adopt_quantized is for NVFP4 layers; FP8 engines take dense weights")
+        weight = self.weight.detach()
+        self.weight_amax = weight.abs().amax().float()
+        self.weight_fq = weight.clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.precision == "nvfp4":
@@ -253,16 +266,19 @@ def _modelopt_calibrate(engine: nn.Module) -> None:
     mtq.calibrate(engine, algorithm="max", forward_loop=None)
 
 
-def refresh_quantizers(engine: nn.Module) -> None:
+def refresh_quantizers(engine: nn.Module, *, prequantized: Collection[str] = ()) -> None:
     """Recompute every quantizer's amax/scales and cached weights from the current weights.
 
     Project backend: :meth:`QuantLinear.refresh` on each layer. modelopt backend: weight amax reset
     then max calibration without data. TE backend: nothing to do (TE quantizes every forward).
     """
     uses_modelopt = False
-    for module in engine.modules():
+    for name, module in engine.named_modules():
         if isinstance(module, QuantLinear):
-            module.refresh()
+            if f"{name}.weight" in prequantized:
+                module.adopt_quantized()
+            else:
+                module.refresh()
         elif hasattr(module, "weight_quantizer"):
             uses_modelopt = True
     if uses_modelopt:
@@ -314,12 +330,17 @@ def _as_tensor(key: str, value: torch.Tensor | np.ndarray) -> torch.Tensor:
 
 @torch.no_grad()
 def load_weights(
-    engine: nn.Module, state: Mapping[str, torch.Tensor | np.ndarray], *, strict: bool = True
+    engine: nn.Module,
+    state: Mapping[str, torch.Tensor | np.ndarray],
+    *,
+    strict: bool = True,
+    prequantized: Collection[str] = (),
 ) -> None:
     """Copy ``state`` into the engine's existing tensors in place, then :func:`refresh_quantizers`.
 
     Every entry is validated (known key, same shape, same dtype) before anything is copied, so a bad
-    state leaves the engine unchanged. ``strict=False`` allows a partial state.
+    state leaves the engine unchanged. ``strict=False`` allows a partial state. Weights named in
+    ``prequantized`` already hold NVFP4 fake-quantized values and are used as they are.
     """
     targets = weight_tensors(engine)
     sources: dict[str, torch.Tensor] = {}
@@ -343,4 +364,4 @@ def load_weights(
             )
     for key, source in sources.items():
         targets[key].data.copy_(source)
-    refresh_quantizers(engine)
+    refresh_quantizers(engine, prequantized=prequantized)

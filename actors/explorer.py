@@ -1,0 +1,69 @@
+"""Explorer actor: a low-precision rollout engine and a co-located reward, on its own GPU (or CPU).
+
+It turns prompt slots into ranked groups — (seed, proxy reward) pairs — with the very function the
+single-process trainer uses (`learner.rollouts.explore_group`); images never leave it. Before each
+slot it makes sure its engine holds at least the policy version the driver asks for, fetching it from
+its node's weight-sync service. Restartable: a restarted explorer re-runs __init__, reloads the model
+and the newest weights, and a retried slot gives the same result (seeds are derived, not drawn).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+import torch
+
+from actors.metrics import ExplorerMetrics
+from diffusion.config import ExploreConfig, ModelConfig
+from diffusion.explore import build_explore_engine
+from diffusion.loading import load_policy_from_config
+from diffusion.noise import derive_seeds
+from learner.rollouts import RankedGroup, explore_group
+from rewards import build_reward_from_config
+from rewards.config import RewardConfig
+from weight_sync.service import service_name
+from weight_sync.subscriber import WeightSubscriber
+
+
+class Explorer:
+    def __init__(self, model: ModelConfig, explore: ExploreConfig, reward: RewardConfig, *, run_seed: int,
+                 candidates: int, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.explore_config, self.run_seed, self.candidates = explore, run_seed, candidates
+        self.policy = load_policy_from_config(model)
+        self.engine = build_explore_engine(self.policy, explore)
+        self.reward = build_reward_from_config(reward)
+        # The policy's own transformer stays the unmodified base (the engine is a copy): the lora codec
+        # merges adapters into it without another copy of the model.
+        base = self.policy.transformer.state_dict()
+        service = ray.get_actor(service_name(ray.get_runtime_context().get_node_id()))
+        self.subscriber = WeightSubscriber(service, self.engine, base=base)
+        self.metrics = ExplorerMetrics()
+
+    def sync(self, min_version: int, timeout_s: float = 900.0) -> int:
+        """Load the newest snapshot; wait until it is at least `min_version`. Returns the version held."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.subscriber.poll()
+            if info is not None:
+                self.metrics.synced(info)
+            if self.subscriber.version >= min_version:
+                return self.subscriber.version
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"policy version {min_version} did not arrive within {timeout_s:.0f} s")
+            time.sleep(0.02)
+
+    def explore(self, iteration: int, slot: int, prompt: str, min_version: int) -> RankedGroup:
+        version = self.sync(min_version)
+        group = explore_group(
+            self.policy, self.engine, self.reward, iteration=iteration, slot=slot, prompt=prompt,
+            seeds=derive_seeds(self.run_seed, iteration, slot, self.candidates), steps=self.explore_config.steps,
+            solver=self.explore_config.solver, policy_version=version,
+        )
+        self.metrics.explored(group)
+        return group
+
+    def pid(self) -> int:
+        return os.getpid()

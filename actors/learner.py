@@ -1,0 +1,85 @@
+"""Learner actor: the single-process trainer core behind a Ray handle, publishing through weight sync.
+
+`train(iteration, groups)` selects, regenerates, rewards, updates and publishes — `Trainer` does all of
+it; this shell only routes the sampling policy to every node's WeightSyncService instead of a local
+engine, checkpoints, and records the dashboard metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from actors.metrics import LearnerMetrics
+from learner.rollouts import RankedGroup
+from learner.trainer import Trainer
+from weight_sync.publisher import WeightPublisher
+from weight_sync.service import service_name
+
+
+def codec_for(precision: str, requested: str) -> str:
+    """auto: NVFP4 engines receive packed NVFP4 weights (the re-quantized broadcast), others dense."""
+    if requested != "auto":
+        return requested
+    return "nvfp4" if precision in ("nvfp4", "nvfp4_w4a16") else "dense"
+
+
+class Learner:
+    def __init__(self, config, run_dir: str | None, *, resume: bool = False, codec: str = "auto",
+                 threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        services = {n["NodeID"]: ray.get_actor(service_name(n["NodeID"])) for n in ray.nodes() if n["Alive"]}
+        self.codec = codec_for(config.explore.precision, codec)
+        self.publisher: WeightPublisher | None = None
+        self.trainer = Trainer(config, run_dir, publish=self._publish)
+        self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.quantized_weights)
+        if resume:
+            self.trainer.resume()  # republishes the resumed sampling policy
+        else:
+            self.trainer.publish()
+        self.metrics = LearnerMetrics()
+        self._last_end: float | None = None
+
+    def _publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        if self.publisher is None:
+            return  # during Trainer.__init__, before the publisher exists; __init__ publishes next
+        if self.codec == "lora":
+            raise NotImplementedError("the lora codec needs the adapter tensors; use dense or nvfp4")
+        self.publisher.publish(weights, version)
+
+    def status(self) -> dict[str, Any]:
+        return {"iteration": self.trainer.iteration, "version": self.trainer.version, "pid": os.getpid()}
+
+    def ensure_published(self) -> list[str]:
+        """Re-send the newest snapshot to services that lost it (restarted); their node ids."""
+        return self.publisher.republish()
+
+    def train(self, iteration: int, groups: list[RankedGroup], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        trainer = self.trainer
+        if iteration != trainer.iteration:
+            raise ValueError(f"learner is at iteration {trainer.iteration}, asked to train {iteration}")
+        start = time.perf_counter()
+        idle = start - self._last_end if self._last_end is not None else 0.0
+        metrics = trainer.train_iteration(iteration, groups)
+        metrics.update(extra or {})
+        metrics["proxy_reward_mean"] = float(torch.cat([g.proxy for g in groups]).mean()) if groups else None
+        trainer.finish_iteration(metrics)
+        self._last_end = time.perf_counter()
+        # idle: waiting for explorers between two updates; busy: this update (with its evaluation)
+        metrics["learner_idle_fraction"] = idle / max(idle + self._last_end - start, 1e-9)
+        self.metrics.record(metrics)
+        return metrics
+
+    def save_final(self, folder: str) -> dict[str, str]:
+        return self.trainer.save_final(Path(folder))
+
+    def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
+        return self.trainer.sample_images(seeds_per_prompt)
+
+    def history(self) -> list[dict[str, Any]]:
+        return self.trainer.history

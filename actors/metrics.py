@@ -1,0 +1,60 @@
+"""Dashboard metrics (`ray.util.metrics`), named solrl_*: they appear on each node's Prometheus port as
+ray_solrl_* and in the Ray dashboard's metrics view."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ray.util.metrics import Counter, Gauge
+
+_LEARNER_GAUGES = {
+    "reward_mean": "mean true reward of the kept samples",
+    "reward_max": "max true reward of the kept samples",
+    "proxy_reward_mean": "mean low-precision (proxy) reward of the explored candidates",
+    "eval_reward": "held-out reward (full precision)",
+    "rank_spearman": "Spearman rho of proxy vs true reward on the kept seeds",
+    "selection_precision": "share of kept seeds on the right side of the true median",
+    "explore_seconds": "slowest explorer's seconds for this iteration's slots",
+    "regenerate_seconds": "learner's rollout (regeneration) seconds",
+    "train_seconds": "learner's update seconds",
+    "sync_seconds": "learner's publish seconds",
+    "policy_version": "newest policy version",
+    "policy_lag": "learner version minus the version a group was explored with (max)",
+    "learner_idle_fraction": "share of the iteration the learner waited for explorers",
+    "candidates_per_second": "explored candidates per second, all explorers",
+}
+
+# gauge name → the trainer's metric key, where they differ
+_ALIASES = {"regenerate_seconds": "rollout_s", "train_seconds": "train_s", "sync_seconds": "sync_s"}
+
+
+class LearnerMetrics:
+    def __init__(self) -> None:
+        self.gauges = {k: Gauge(f"solrl_{k}", description=d) for k, d in _LEARNER_GAUGES.items()}
+        self.skipped = Counter("solrl_skipped_updates", description="updates skipped (NaN/inf reward or loss)")
+        self.dropped = Counter("solrl_dropped_groups", description="ranked groups dropped as too stale")
+
+    def record(self, values: dict[str, Any]) -> None:
+        for key, gauge in self.gauges.items():
+            value = values.get(_ALIASES.get(key, key))
+            if isinstance(value, int | float) and math.isfinite(value):
+                gauge.set(float(value))
+        if values.get("skipped"):
+            self.skipped.inc()
+        if values.get("dropped_groups"):
+            self.dropped.inc(float(values["dropped_groups"]))
+
+
+class ExplorerMetrics:
+    def __init__(self) -> None:
+        self.candidates = Counter("solrl_explored_candidates", description="candidates explored")
+        self.syncs = Counter("solrl_weight_syncs", description="snapshots loaded by explorers")
+        self.sync_seconds = Gauge("solrl_explorer_sync_seconds", description="fetch + load seconds of a snapshot")
+
+    def explored(self, group) -> None:
+        self.candidates.inc(float(len(group.seeds)))
+
+    def synced(self, info: dict[str, float]) -> None:
+        self.syncs.inc()
+        self.sync_seconds.set(info["fetch_s"] + info["load_s"])

@@ -1,0 +1,149 @@
+"""Weight sync: codecs bit for bit, and the per-node service on a real local Ray cluster."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import ray
+import torch
+
+from diffusion.quant import load_weights, nvfp4_fake_quant, quantize_model, quantized_layer_names
+from weight_sync.codecs import CorruptSnapshot, Manifest, decode, encode, payload_bytes
+from weight_sync.publisher import WeightPublisher
+from weight_sync.service import WeightSyncService, start_services
+from weight_sync.subscriber import WeightSubscriber, merge_lora
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "a.weight": torch.randn(64, 48, generator=g),
+        "a.bias": torch.randn(64, generator=g),
+        "b.weight": torch.randn(32, 64, generator=g).to(torch.bfloat16),
+        "steps": torch.arange(5),
+    }
+
+
+def test_dense_round_trip_is_exact_for_every_dtype():
+    state = _state()
+    arrays, manifest = encode(state, "dense", version=3)
+    back = decode(arrays, Manifest.from_json(manifest.to_json()))
+    assert back.keys() == state.keys()
+    assert all(torch.equal(back[k], v) and back[k].dtype == v.dtype for k, v in state.items())
+
+
+def test_nvfp4_decodes_to_the_engines_fake_quant_values():
+    state = _state(1)
+    arrays, manifest = encode(state, "nvfp4", version=1, quantize=["a.weight", "b.weight"])
+    back = decode(arrays, manifest)
+    assert torch.equal(back["a.weight"], nvfp4_fake_quant(state["a.weight"]))
+    assert torch.equal(back["b.weight"], nvfp4_fake_quant(state["b.weight"]))
+    assert torch.equal(back["a.bias"], state["a.bias"])
+    dense_bytes = payload_bytes(encode(state, "dense", version=1)[0])
+    assert payload_bytes(arrays) < 0.5 * dense_bytes  # 4.5 bits instead of 32/16
+
+
+def test_checksums_catch_a_corrupted_or_missing_array():
+    arrays, manifest = encode(_state(), "nvfp4", version=2, quantize=["a.weight"])
+    broken = dict(arrays)
+    broken["a.weight/codes"] = arrays["a.weight/codes"].copy()
+    broken["a.weight/codes"][0, 0] ^= 0xFF
+    with pytest.raises(CorruptSnapshot, match=r"v2: checksum mismatch for 'a\.weight'"):
+        decode(broken, manifest)
+    del broken["a.bias"]
+    with pytest.raises(CorruptSnapshot, match=r"lacks 'a\.bias'"):
+        decode(broken, manifest)
+
+
+def test_engine_loaded_from_an_nvfp4_snapshot_equals_one_loaded_densely():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    engine_a, engine_b = (quantize_model(model, "nvfp4", backend="project") for _ in range(2))
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    names = [f"{n}.weight" for n in quantized_layer_names(engine_a)]
+    load_weights(engine_a, new)
+    arrays, manifest = encode(new, "nvfp4", version=1, quantize=names)
+    load_weights(engine_b, decode(arrays, manifest), prequantized=names)
+    x = torch.randn(5, 48)
+    assert torch.equal(engine_a(x), engine_b(x))
+
+
+def test_merge_lora_matches_the_definition():
+    g = torch.Generator().manual_seed(0)
+    base = {"l.weight": torch.randn(8, 6, generator=g)}
+    adapters = {"l.lora_A.weight": torch.randn(2, 6, generator=g), "l.lora_B.weight": torch.randn(8, 2, generator=g)}
+    merged = merge_lora(base, adapters, scale=2.0)
+    torch.testing.assert_close(merged["l.weight"], base["l.weight"] + 2.0 * adapters["l.lora_B.weight"]
+                               @ adapters["l.lora_A.weight"])
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_service_versions_are_monotonic_and_old_ones_are_released(local_ray):
+    service = WeightSyncService(keep=2)
+    for version in (1, 2, 3):
+        arrays, manifest = encode(_state(version), "dense", version=version)
+        assert service.publish(manifest.to_json(), [ray.put(arrays)]) == version
+    assert service.publish(encode(_state(), "dense", version=2)[1].to_json(), [ray.put({})]) == 3  # stale
+    assert service.stats()["versions"] == [2, 3]
+    assert service.latest(after=3) == (3, None, [])
+
+
+def test_publish_fetch_and_restart_on_a_real_cluster(local_ray):
+    services = start_services(keep=2)
+    (node, service), = services.items()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 16))
+    engine = quantize_model(model, "nvfp4", backend="project")
+    names = [f"{n}.weight" for n in quantized_layer_names(engine)]
+    publisher = WeightPublisher(services, "nvfp4", quantize=names)
+    subscriber = WeightSubscriber(service, engine)
+    assert subscriber.poll() is None  # nothing published yet
+
+    new = {k: v * 1.5 for k, v in model.state_dict().items()}
+    info = publisher.publish(new, version=1)
+    assert info["bytes"] > 0
+    assert subscriber.poll()["version"] == 1 and subscriber.poll() is None
+    assert torch.equal(engine[0].weight_fq, nvfp4_fake_quant(new["0.weight"]))
+
+    ray.kill(service, no_restart=False)  # the service restarts empty ...
+    ray.get(service.version.remote())  # (calls wait for the restart)
+    assert ray.get(service.version.remote()) == -1
+    assert publisher.republish() == [node]  # ... and the learner republishes to it
+    assert ray.get(service.version.remote()) == 1
+
+
+def test_concurrent_publish_and_fetch_never_tear(local_ray):
+    services = start_services(keep=2)
+    service = next(iter(services.values()))
+    publisher = WeightPublisher(services, "dense")
+    base = 100
+    errors: list[str] = []
+
+    def reader() -> None:
+        seen = -1
+        for _ in range(60):
+            version, manifest, refs = ray.get(service.latest.remote(-1))
+            if manifest is None:
+                continue
+            state = decode(ray.get(refs[0]), Manifest.from_json(manifest))  # verifies every checksum
+            values = {float(t.flatten()[0]) for t in state.values()}
+            if values != {float(version)} or version < seen:
+                errors.append(f"v{version}: {values}")
+            seen = version
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for version in range(base, base + 40):
+        publisher.publish({f"w{i}": torch.full((256, 64), float(version)) for i in range(4)}, version=version)
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert ray.get(service.version.remote()) == base + 39

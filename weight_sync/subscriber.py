@@ -1,0 +1,63 @@
+"""The explorer's side of weight sync: fetch the node's newest snapshot and load it into the engine."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+import torch
+from torch import nn
+
+from diffusion.quant import load_weights
+from weight_sync.codecs import Manifest, decode
+
+
+def merge_lora(
+    base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], scale: float
+) -> dict[str, torch.Tensor]:
+    """W + scale·(B @ A) for every adapted layer "<layer>.lora_A.weight" / "<layer>.lora_B.weight"."""
+    merged = {}
+    for key in adapters:
+        if not key.endswith(".lora_A.weight"):
+            continue
+        layer = key.removesuffix(".lora_A.weight")
+        weight = base[f"{layer}.weight"]
+        delta = (adapters[f"{layer}.lora_B.weight"] @ adapters[key]) * scale
+        merged[f"{layer}.weight"] = (weight.float() + delta.float()).to(weight.dtype)
+    return merged
+
+
+class WeightSubscriber:
+    """poll(): if the service holds a newer version, decode it into the engine and return its info.
+
+    `base` (the explorer's own unmodified transformer weights) is needed for the `lora` codec only.
+    """
+
+    def __init__(self, service: ray.actor.ActorHandle, engine: nn.Module, base: dict[str, torch.Tensor] | None = None):
+        self.service = service
+        self.engine = engine
+        self.base = base
+        self.version = -1
+
+    def poll(self) -> dict[str, float] | None:
+        start = time.perf_counter()
+        version, manifest_json, refs = ray.get(self.service.latest.remote(self.version))
+        if manifest_json is None:
+            return None
+        manifest = Manifest.from_json(manifest_json)
+        try:
+            arrays = ray.get(refs[0])  # zero-copy, read-only views into the node's object store
+        except ray.exceptions.ObjectLostError:
+            return None  # its owner (a service that just restarted) died; the learner republishes
+        fetched = time.perf_counter()
+        state = decode(arrays, manifest)
+        if manifest.codec == "lora":
+            if self.base is None:
+                raise ValueError("a lora snapshot needs the explorer's base weights (WeightSubscriber(base=...))")
+            scale = float(manifest.meta["lora_scale"])
+            load_weights(self.engine, merge_lora(self.base, state, scale), strict=False)
+        else:
+            prequantized = [e.name for e in manifest.entries if e.codec == "nvfp4"]
+            load_weights(self.engine, state, prequantized=prequantized)
+        self.version = version
+        return {"version": version, "fetch_s": fetched - start, "load_s": time.perf_counter() - fetched}
