@@ -37,11 +37,10 @@ class Learner:
         self.codec = codec_for(config.explore.precision, codec)
         self.publisher: WeightPublisher | None = None
         self.trainer = Trainer(config, run_dir, publish=self._publish)
-        self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.quantized_weights)
-        if resume:
-            self.trainer.resume()  # republishes the resumed sampling policy
-        else:
-            self.trainer.publish()
+        # The services pull snapshots from this actor (it runs with max_concurrency > 1) and so own them.
+        self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.quantized_weights,
+                                         source=ray.get_runtime_context().current_actor)
+        self._resume = resume
         self.metrics = LearnerMetrics()
         self._last_end: float | None = None
 
@@ -51,6 +50,19 @@ class Learner:
         if self.codec == "lora":
             raise NotImplementedError("the lora codec needs the adapter tensors; use dense or nvfp4")
         self.publisher.publish(weights, version)
+
+    def start(self) -> dict[str, Any]:
+        """Resume if asked, then publish the sampling policy (not in __init__: the services pull the
+        snapshot from this actor, which cannot answer before its __init__ returns)."""
+        if self._resume:
+            self.trainer.resume()  # publishes the resumed sampling policy
+        else:
+            self.trainer.publish()
+        return self.status()
+
+    def snapshot(self, version: int) -> dict:
+        """Called by weight-sync services (concurrently with `train`): the newest encoded snapshot."""
+        return self.publisher.snapshot(version)
 
     def status(self) -> dict[str, Any]:
         return {"iteration": self.trainer.iteration, "version": self.trainer.version, "pid": os.getpid()}

@@ -54,8 +54,8 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool) -> Job:
     def place(i: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
 
-    learner = ray.remote(Learner).options(
-        num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(0), name=None,
+    learner = ray.remote(Learner).options(  # max_concurrency 2: services pull snapshots during `train`
+        num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(0), max_concurrency=2,
     ).remote(config, run_dir, resume=resume, codec=c.codec, threads=c.learner.threads)
     explorers = [
         ray.remote(Explorer).options(
@@ -95,7 +95,7 @@ def run(config: SolRLConfig, run_dir: str | None, *, resume: bool = False, log: 
         on_iteration: Callable[[Job, dict[str, Any]], None] | None = None) -> tuple[Job, list[dict[str, Any]]]:
     """Run to config.run.iterations; `on_iteration(job, metrics)` is called after each (tests inject faults)."""
     job = start(config, run_dir, resume)
-    status = ray.get(job.learner.status.remote())
+    status = ray.get(job.learner.start.remote())
     version, history = status["version"], []
     asynchronous, lag = config.cluster.mode == "async", config.cluster.max_policy_lag
     prompt_set = load_prompts(config.prompts.source)

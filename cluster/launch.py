@@ -62,8 +62,8 @@ def connect(config: SolRLConfig) -> bool:
 
     address = config.cluster.address or os.environ.get("RAY_ADDRESS")
     env = {"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
-    if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+    if address:  # a job's runtime env (cluster/runtime_env.yaml) already applies; Ray refuses a second one
+        ray.init(address=address, log_to_driver=True)
         return False
     c = config.cluster
     gpus = c.learner.num_gpus + c.explorers.num_gpus * c.explorers.count

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
+import numpy as np
 import ray
 import torch
 
@@ -12,41 +14,49 @@ from weight_sync.codecs import Codec, encode, payload_bytes
 
 
 class WeightPublisher:
-    """publish(state, version): one encode, one object-store put, one transfer per node.
+    """publish(state, version): one encode, then every node's service takes the snapshot.
 
+    With `source` (the learner actor's own handle; it must serve `snapshot(version)` concurrently) each
+    service pulls the snapshot and owns it: one serialization into the object store per node. Without
+    it (a plain process) the arrays travel as an argument and each service stores a copy.
     `quantize` names the tensors the `nvfp4` codec packs (the engine's quantized Linear weights).
-    Remembers the newest snapshot so a restarted (empty) service can be re-sent it (`republish`).
+    The newest snapshot is kept so a restarted (empty) service can be re-sent it (`republish`).
     """
 
-    def __init__(self, services: Mapping[str, ray.actor.ActorHandle], codec: Codec, quantize: Iterable[str] = ()):
+    def __init__(self, services: Mapping[str, Any], codec: Codec, quantize: Iterable[str] = (), source: Any = None):
         self.services = dict(services)
         self.codec = codec
         self.quantize = tuple(quantize)
-        self._last: tuple[dict, dict[str, ray.ObjectRef]] | None = None
-        self._snapshot_arrays: dict | None = None  # the newest encoded snapshot, for republishing
+        self.source = source
         self.version = -1
+        self._manifest: dict | None = None
+        self._arrays: dict[str, np.ndarray] | None = None
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int, meta: dict | None = None) -> dict[str, float]:
         start = time.perf_counter()
         arrays, manifest = encode(state, self.codec, version=version, quantize=self.quantize, meta=meta)
-        self._snapshot_arrays = arrays
+        self.version, self._manifest, self._arrays = version, manifest.to_json(), arrays
         encoded = time.perf_counter()
-        # One object per node's service, owned by that service: it outlives this (learner) process.
-        refs = {node: ray.put(arrays, _owner=service) for node, service in self.services.items()}
-        self._last, self.version = (manifest.to_json(), refs), version
-        ray.get([s.publish.remote(manifest.to_json(), [refs[node]]) for node, s in self.services.items()])
+        ray.get([self._send(service) for service in self.services.values()])
         return {"encode_s": encoded - start, "publish_s": time.perf_counter() - encoded,
                 "bytes": float(payload_bytes(arrays))}
 
+    def snapshot(self, version: int) -> dict[str, np.ndarray]:
+        """The arrays of the newest snapshot, for a service pulling `version`."""
+        if version != self.version or self._arrays is None:
+            raise LookupError(f"snapshot v{version} is not the newest (v{self.version}); it was superseded")
+        return self._arrays
+
+    def _send(self, service):
+        if self.source is not None:
+            return service.publish.remote(self._manifest, source=self.source)
+        return service.publish.remote(self._manifest, self._arrays)
+
     def republish(self) -> list[str]:
         """Re-send the newest snapshot to every service that is behind (e.g. restarted); their node ids."""
-        if self._last is None:
+        if self._manifest is None:
             return []
-        versions = dict(zip(self.services, ray.get([s.version.remote() for s in self.services.values()]),
-                            strict=True))
-        behind = [node for node, v in versions.items() if v < self.version]
-        manifest, _ = self._last
-        for node in behind:  # the lost object was owned by the dead service: put it again
-            self._last[1][node] = ray.put(self._snapshot_arrays, _owner=self.services[node])
-            ray.get(self.services[node].publish.remote(manifest, [self._last[1][node]]))
+        versions = ray.get([s.version.remote() for s in self.services.values()])
+        behind = [node for node, v in zip(self.services, versions, strict=True) if v < self.version]
+        ray.get([self._send(self.services[node]) for node in behind])
         return behind
