@@ -23,8 +23,10 @@ class WeightPublisher:
     The newest snapshot is kept so a restarted (empty) service can be re-sent it (`republish`).
     """
 
-    def __init__(self, services: Mapping[str, Any], codec: Codec, quantize: Iterable[str] = (), source: Any = None):
+    def __init__(self, services: Mapping[str, Any], codec: Codec, quantize: Iterable[str] = (), source: Any = None,
+                 checksums: bool = True):
         self.services = dict(services)
+        self.checksums = checksums
         self.codec = codec
         self.quantize = tuple(quantize)
         self.source = source
@@ -34,7 +36,8 @@ class WeightPublisher:
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int, meta: dict | None = None) -> dict[str, float]:
         start = time.perf_counter()
-        arrays, manifest = encode(state, self.codec, version=version, quantize=self.quantize, meta=meta)
+        arrays, manifest = encode(state, self.codec, version=version, quantize=self.quantize, meta=meta,
+                                  checksums=self.checksums)
         self.version, self._manifest, self._arrays = version, manifest.to_json(), arrays
         encoded = time.perf_counter()
         ray.get([self._send(service) for service in self.services.values()])
