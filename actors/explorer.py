@@ -16,6 +16,7 @@ import ray
 import torch
 
 from actors.metrics import ExplorerMetrics
+from actors.reward_scorer import RemoteReward
 from diffusion.config import ExploreConfig, ModelConfig
 from diffusion.explore import build_explore_engine
 from diffusion.loading import load_policy_from_config
@@ -29,12 +30,12 @@ from weight_sync.subscriber import WeightSubscriber
 
 class Explorer:
     def __init__(self, model: ModelConfig, explore: ExploreConfig, reward: RewardConfig, *, run_seed: int,
-                 candidates: int, threads: int = 1) -> None:
+                 candidates: int, threads: int = 1, scorers: list | None = None) -> None:
         torch.set_num_threads(threads)
         self.explore_config, self.run_seed, self.candidates = explore, run_seed, candidates
         self.policy = load_policy_from_config(model)
         self.engine = build_explore_engine(self.policy, explore)
-        self.reward = build_reward_from_config(reward)
+        self.reward = RemoteReward(scorers) if scorers else build_reward_from_config(reward)
         # The policy's own transformer stays the unmodified base (the engine is a copy): the lora codec
         # merges adapters into it without another copy of the model.
         base = self.policy.transformer.state_dict()

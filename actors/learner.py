@@ -41,15 +41,22 @@ class Learner:
         self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.quantized_weights,
                                          source=ray.get_runtime_context().current_actor)
         self._resume = resume
+        self.base_eval: dict[str, float] = {}
         self.metrics = LearnerMetrics()
         self._last_end: float | None = None
 
     def _publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
         if self.publisher is None:
-            return  # during Trainer.__init__, before the publisher exists; __init__ publishes next
-        if self.codec == "lora":
-            raise NotImplementedError("the lora codec needs the adapter tensors; use dense or nvfp4")
-        self.publisher.publish(weights, version)
+            return  # during Trainer.__init__, before the publisher exists; start() publishes
+        if self.codec == "lora":  # only the sampling adapter travels; explorers merge it into their base
+            state = self.trainer.state
+            if state.mode != "lora":
+                raise ValueError("cluster.codec=lora needs training.mode=lora")
+            adapters = {k: v.detach() for k, v in state.old_parameters().items()}
+            scale = state.config.lora_alpha / state.config.lora_rank
+            self.publisher.publish(adapters, version, meta={"lora_scale": scale})
+        else:
+            self.publisher.publish(weights, version)
 
     def start(self) -> dict[str, Any]:
         """Resume if asked, then publish the sampling policy (not in __init__: the services pull the
@@ -89,6 +96,16 @@ class Learner:
 
     def save_final(self, folder: str) -> dict[str, str]:
         return self.trainer.save_final(Path(folder))
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out evaluation now; the first one (before any update) is kept as the base model's."""
+        result = self.trainer.evaluate()
+        if not self.base_eval and self.trainer.version == 0:
+            self.base_eval = result
+        return result
+
+    def base_evaluation(self) -> dict[str, float]:
+        return self.base_eval
 
     def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
         return self.trainer.sample_images(seeds_per_prompt)

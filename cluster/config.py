@@ -33,16 +33,22 @@ class ExplorersConfig(ActorResources):
     count: int = Field(1, ge=1, description="explorer actors; scales independently of the learner")
 
 
+class ScorersConfig(ActorResources):
+    count: int = Field(0, ge=0, description="RewardScorer actors; 0: explorers score on their own device")
+
+
 class ClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str | None = Field(None, description="None: RAY_ADDRESS if set (ray job submit), else a local Ray")
     mode: Literal["sync", "async"] = Field("sync", description="async: explorers run ahead of the learner")
     max_policy_lag: int = Field(1, ge=0, description="async: drop groups explored more versions ago than this")
-    codec: Literal["auto", "dense", "nvfp4"] = Field("auto", description="auto: nvfp4 for NVFP4 engines")
+    codec: Literal["auto", "dense", "nvfp4", "lora"] = Field(
+        "auto", description="auto: nvfp4 for NVFP4 engines; lora ships only the sampling adapter")
     placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
     explorers: ExplorersConfig = ExplorersConfig()
     learner: ActorResources = ActorResources()
+    scorers: ScorersConfig = ScorersConfig()
 
 
 class SolRLConfig(BaseModel):

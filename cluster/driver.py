@@ -25,6 +25,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.explorer import Explorer
 from actors.learner import Learner
+from actors.reward_scorer import RewardScorer
 from cluster.config import SolRLConfig
 from diffusion.prompts import load_prompts
 from learner.trainer import progress_line, prompts_for
@@ -39,6 +40,7 @@ class Job:
     explorers: list[Any]
     placement: Any
     services: dict[str, Any] | None = None
+    scorers: list[Any] | None = None
 
 
 def start(config: SolRLConfig, run_dir: str | None, resume: bool) -> Job:
@@ -46,7 +48,8 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool) -> Job:
     services = start_services()
     c = config.cluster
     bundles = [{"CPU": c.learner.num_cpus, "GPU": c.learner.num_gpus}] + [
-        {"CPU": c.explorers.num_cpus, "GPU": c.explorers.num_gpus} for _ in range(c.explorers.count)]
+        {"CPU": c.explorers.num_cpus, "GPU": c.explorers.num_gpus} for _ in range(c.explorers.count)] + [
+        {"CPU": c.scorers.num_cpus, "GPU": c.scorers.num_gpus} for _ in range(c.scorers.count)]
     pg = placement_group([{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in bundles],
                          strategy=c.placement_strategy)
     ray.get(pg.ready(), timeout=600)
@@ -57,15 +60,22 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool) -> Job:
     learner = ray.remote(Learner).options(  # max_concurrency 2: services pull snapshots during `train`
         num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(0), max_concurrency=2,
     ).remote(config, run_dir, resume=resume, codec=c.codec, threads=c.learner.threads)
+    scorers = [
+        ray.remote(RewardScorer).options(
+            num_cpus=c.scorers.num_cpus, num_gpus=c.scorers.num_gpus, max_restarts=-1, max_task_retries=-1,
+            scheduling_strategy=place(1 + c.explorers.count + i),
+        ).remote(config.reward, threads=c.scorers.threads)
+        for i in range(c.scorers.count)
+    ]
     explorers = [
         ray.remote(Explorer).options(
             num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus, scheduling_strategy=place(i + 1),
             max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
         ).remote(config.model, config.explore, config.reward, run_seed=config.run.seed,
-                 candidates=config.prompts.candidates, threads=c.explorers.threads)
+                 candidates=config.prompts.candidates, threads=c.explorers.threads, scorers=scorers or None)
         for i in range(c.explorers.count)
     ]
-    return Job(learner, explorers, pg, services)
+    return Job(learner, explorers, pg, services, scorers)
 
 
 def dispatch(job: Job, iteration: int, slots: list[tuple[int, str]], min_version: int) -> dict:
@@ -92,10 +102,15 @@ def gather(job: Job, iteration: int, pending: dict, min_version: int, stats: dic
 
 
 def run(config: SolRLConfig, run_dir: str | None, *, resume: bool = False, log: Callable[[str], None] = print,
-        on_iteration: Callable[[Job, dict[str, Any]], None] | None = None) -> tuple[Job, list[dict[str, Any]]]:
-    """Run to config.run.iterations; `on_iteration(job, metrics)` is called after each (tests inject faults)."""
+        on_iteration: Callable[[Job, dict[str, Any]], None] | None = None,
+        evaluate_base: bool = False) -> tuple[Job, list[dict[str, Any]]]:
+    """Run to config.run.iterations; `on_iteration(job, metrics)` is called after each (tests inject faults).
+    With evaluate_base, a fresh run first logs the base model's held-out reward."""
     job = start(config, run_dir, resume)
     status = ray.get(job.learner.start.remote())
+    if evaluate_base and status["iteration"] == 0:
+        base = ray.get(job.learner.evaluate.remote())
+        log("base model   held-out " + "  ".join(f"{k.removeprefix('eval_')} {v:.3f}" for k, v in base.items()))
     version, history = status["version"], []
     asynchronous, lag = config.cluster.mode == "async", config.cluster.max_policy_lag
     prompt_set = load_prompts(config.prompts.source)
@@ -138,6 +153,6 @@ def run(config: SolRLConfig, run_dir: str | None, *, resume: bool = False, log: 
 
 def stop(job: Job) -> None:
     """End the job's actors, its weight-sync services (their snapshots with them) and its placement."""
-    for actor in [job.learner, *job.explorers, *(job.services or {}).values()]:
+    for actor in [job.learner, *job.explorers, *(job.scorers or []), *(job.services or {}).values()]:
         ray.kill(actor, no_restart=True)
     remove_placement_group(job.placement)

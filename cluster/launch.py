@@ -83,13 +83,13 @@ def finish(config: SolRLConfig, run_dir: Path, job, history: list[dict]) -> dict
     images = ray.get(job.learner.sample_images.remote(SEEDS_PER_PROMPT))
     save_image_grid(images, rows=images.shape[0] // SEEDS_PER_PROMPT, path=run_dir / "samples.png")
     full = ray.get(job.learner.history.remote()) or history
+    base = ray.get(job.learner.base_evaluation.remote())
     evals = [m for m in full if "eval_reward" in m]
-    summary = {"iterations": len(full), "final": files,
-               "first": {k: full[0].get(k) for k in ("reward_mean", "eval_reward")} if full else {},
+    summary = {"iterations": len(full), "final": files, "base_eval": base,
                "last_eval": {k: evals[-1].get(k) for k in ("eval_reward", "eval_accuracy")} if evals else {},
                "mean_iteration_s": sum(m["iteration_s"] for m in full) / max(len(full), 1)}
     if full:
-        save_reward_curve(full, run_dir / "reward_curve.png")
+        save_reward_curve(full, run_dir / "reward_curve.png", base=base or None)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -116,9 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     started = connect(config)
     try:
         print(f"run directory: {run_dir}  ({config.cluster.explorers.count} explorer(s), {config.cluster.mode} mode)")
-        job, history = driver.run(config, str(run_dir), resume=resume)
+        job, history = driver.run(config, str(run_dir), resume=resume, evaluate_base=True)
         summary = finish(config, run_dir, job, history)
         print(json.dumps(summary, indent=2))
+        base, last = summary["base_eval"], summary["last_eval"]
+        if base and last:
+            print(f"held-out reward {base['eval_reward']:.3f} → {last['eval_reward']:.3f}, accuracy "
+                  f"{base.get('eval_accuracy', float('nan')):.3f} → {last.get('eval_accuracy', float('nan')):.3f}; "
+                  f"samples: {run_dir / 'samples.png'}, curve: {run_dir / 'reward_curve.png'}")
         driver.stop(job)
     finally:
         if started:

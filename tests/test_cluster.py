@@ -81,6 +81,16 @@ def test_one_and_two_explorers_give_the_single_process_weights(local_ray, tmp_pa
     assert 0 < history[1]["learner_idle_fraction"] < 1  # it waited for the explorers of iteration 1
 
 
+def test_lora_codec_and_reward_scorer_actors_change_nothing(local_ray, tmp_path, reference_weights):
+    """Explorers merge the shipped adapter into their own base; a RewardScorer actor scores for them."""
+    weights, history = run_job(config("cluster.codec=lora", "cluster.scorers.count=1",
+                                      "cluster.scorers.num_cpus=0.25"), tmp_path / "lora")
+    assert weights.keys() == reference_weights.keys()
+    for key, value in reference_weights.items():  # the merge runs in another process: equal to fp32 rounding
+        torch.testing.assert_close(weights[key], value, rtol=1e-5, atol=1e-6)
+    assert all("rank_spearman" in m for m in history)
+
+
 def test_async_mode_explores_ahead_and_stays_on_policy(local_ray, tmp_path, reference_weights):
     _, history = run_job(config("cluster.mode=async", "cluster.max_policy_lag=1"), tmp_path / "async")
     lags = [m["policy_lag"] for m in history]

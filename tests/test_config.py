@@ -69,3 +69,16 @@ def test_tolerant_hit_counts_swaps_among_near_ties():
     assert hit_rate(proxy, reference, 2) == 0.0
     assert tolerant_hit_rate(proxy, reference, 2, tolerance=0.01) == 0.5  # index 2 ties the 2nd best
     assert tolerant_hit_rate(proxy, reference, 2, tolerance=0.6) == 1.0
+
+
+def test_launch_refuses_a_bad_config_before_ray_starts(capsys, tmp_path):
+    import ray
+
+    from cluster import launch
+
+    assert launch.main(["--set", "explore.precision=int3", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "explore.precision: Input should be 'nvfp4', 'nvfp4_w4a16', 'fp8' or 'none'" in err
+    assert not ray.is_initialized() and not (tmp_path / "r").exists()
+    assert launch.main(["--resume", str(tmp_path / "nothing")]) == 2
+    assert "no config.yaml there" in capsys.readouterr().err
