@@ -32,6 +32,7 @@ from learner.trainer import progress_line, prompts_for
 from weight_sync.service import start_services
 
 MAX_ATTEMPTS = 5
+HEALTH_CHECK_S = 5.0  # a gather that sees no result this long makes sure every sync service holds the newest
 
 
 @dataclass
@@ -88,10 +89,14 @@ def gather(job: Job, iteration: int, pending: dict, min_version: int, stats: dic
     """Wait for every slot's ranked group; a slot whose explorer died goes to the next explorer."""
     groups: dict[int, Any] = {}
     while pending:
-        (ref,), _ = ray.wait(list(pending), num_returns=1)
-        slot, prompt, attempt = pending.pop(ref)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEALTH_CHECK_S)
+        if not ready:  # explorers may be waiting for a snapshot a restarted sync service lost
+            if job.learner is not None:
+                ray.get(job.learner.ensure_published.remote())
+            continue
+        slot, prompt, attempt = pending.pop(ready[0])
         try:
-            groups[slot] = ray.get(ref)
+            groups[slot] = ray.get(ready[0])
         except (RayActorError, ActorUnavailableError):
             if attempt + 1 >= MAX_ATTEMPTS:
                 raise

@@ -149,7 +149,12 @@ def test_a_restarted_sync_service_is_republished_to(local_ray, tmp_path, referen
 
     def restart_service(_job, _metrics) -> None:
         if not restarted:
-            ray.kill(ray.get_actor(service_name(node)), no_restart=False)
+            service = ray.get_actor(service_name(node))
+            ray.kill(service, no_restart=False)  # asynchronous: wait until the restarted, empty one answers
+            deadline = time.time() + 60
+            while ray.get(service.version.remote()) != -1:
+                assert time.time() < deadline, "the sync service did not restart"
+                time.sleep(0.2)
             restarted.append(True)
 
     job, _ = driver.run(config(), str(tmp_path / "svc"), log=lambda _: None, on_iteration=restart_service)
