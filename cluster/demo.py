@@ -51,9 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     config = load_config(args.config, [*args.set, f"run.iterations={args.iterations}"])  # fails before work
     torch.set_num_threads(2)
     start = time.perf_counter()
-    if args.run_dir.exists():
-        for stale in ("metrics.jsonl",):
-            (args.run_dir / stale).unlink(missing_ok=True)
+    (args.run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a rerun starts a fresh log
 
     trainer = Trainer(config, run_dir=args.run_dir)
     print(f"model {config.model.path} ({trainer.policy.family.name}); explore {config.explore.precision} × "
