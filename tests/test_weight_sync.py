@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import ray
@@ -112,9 +113,11 @@ def test_publish_fetch_and_restart_on_a_real_cluster(local_ray):
     assert subscriber.poll()["version"] == 1 and subscriber.poll() is None
     assert torch.equal(engine[0].weight_fq, nvfp4_fake_quant(new["0.weight"]))
 
-    ray.kill(service, no_restart=False)  # the service restarts empty ...
-    ray.get(service.version.remote())  # (calls wait for the restart)
-    assert ray.get(service.version.remote()) == -1
+    ray.kill(service, no_restart=False)  # the service restarts empty (kill is asynchronous: wait for it) ...
+    deadline = time.time() + 60
+    while ray.get(service.version.remote()) != -1:
+        assert time.time() < deadline, "the sync service did not restart"
+        time.sleep(0.2)
     assert publisher.republish() == [node]  # ... and the learner republishes to it
     assert ray.get(service.version.remote()) == 1
 
