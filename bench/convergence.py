@@ -3,15 +3,19 @@
     python -m bench.convergence [--config FILE] [--families diffusionnft,naive_scaling,naive_quant,sol_rl]
         [--objective nft|art] [--iterations N] [--seeds 0,1] [--eval-every 2] [--control] [--art]
         [--set key=value ...] --json FILE [--png FILE]
+    python -m bench.convergence --merge A.json B.json ... --json FILE [--png FILE]   # one file per seed → one
 
 Every run starts from the same base model; run seed s fixes prompts, seeds and noise, so families
 differ only in how they explore and what they train on. Every `--eval-every` iterations the trained
 policy is evaluated on fixed held-out prompts and seeds (full precision, the sampler's steps).
 
 Three clocks: iterations; measured wall time (this CPU); and **modeled GPU time** — a cost model,
-not a measurement: one full-precision denoising step of one sample costs c (measured here once,
-at the start), a low-precision step 0.46·c (REFERENCE §1, from the paper's SD3.5-L Table 5:
-125 s/(96·6) FP4 vs 451 s/(96·10) BF16), training as measured.
+not a measurement: one full-precision denoising step of one sample costs c, a low-precision step
+0.46·c (REFERENCE §1, from the paper's SD3.5-L Table 5: 125 s/(96·6) FP4 vs 451 s/(96·10) BF16),
+training as measured. c is measured inside the same run seed's diffusionnft run (its rollout seconds,
+reward included, per full-precision sample-step), under the same conditions as the training times it
+is added to; a separate calibration at the start was off by up to 50% when anything else ran meanwhile.
+Each point keeps its raw cumulative counters, so the model is applied (and can be re-applied) in the report.
 
 Speedup of a family = time for diffusionnft to first reach its own final held-out reward ÷ time for
 the family to first reach it (per run seed; mean and spread over seeds). `--control` adds sol_rl with
@@ -23,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,49 +34,67 @@ import numpy as np
 import torch
 
 from cluster.config import SolRLConfig, load_config
-from diffusion.loading import load_policy_from_config
-from diffusion.noise import derive_seeds
 from learner.trainer import Trainer
 
 LOW_PRECISION_STEP_COST = 0.46  # × a full-precision step; paper Table 5 (SD3.5-L), see module docstring
 
 
-def calibrate_step_cost(config: SolRLConfig, samples: int = 96) -> float:
-    """Seconds per full-precision denoising step of one sample, on this machine (median of 3)."""
-    policy = load_policy_from_config(config.model)
-    seeds, prompts = derive_seeds(0, -9, 0, samples), ["a handwritten digit one"] * samples
-    policy.sample(prompts, seeds, steps=2)  # warm-up
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        policy.sample(prompts, seeds, steps=config.sampler.steps, solver=config.sampler.solver)
-        times.append((time.perf_counter() - start) / (samples * config.sampler.steps))
-    return float(np.median(times))
-
-
-def run_one(config: SolRLConfig, step_cost: float, log) -> list[dict[str, Any]]:
+def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
+    """Train one run; a point per evaluation with the held-out reward and cumulative raw counters."""
     trainer = Trainer(config)
-    points = [{"iteration": 0, "wall_s": 0.0, "modeled_s": 0.0, **trainer.evaluate()}]
-    wall = modeled = 0.0
+    totals = dict.fromkeys(("wall_s", "rollout_s", "train_s", "fp_sample_steps", "lp_sample_steps"), 0.0)
+    points = [{"iteration": 0, **totals, **trainer.evaluate()}]
     for i in range(config.run.iterations):
         m = trainer.train_iteration(i)
-        wall += m["iteration_s"]
-        modeled += step_cost * (m["fp_sample_steps"] + LOW_PRECISION_STEP_COST * m["lp_sample_steps"]) + m["train_s"]
+        totals["wall_s"] += m["iteration_s"]
+        for key in ("rollout_s", "train_s", "fp_sample_steps", "lp_sample_steps"):
+            totals[key] += m[key]
         if (i + 1) % config.eval.every == 0 or i + 1 == config.run.iterations:
-            point = {"iteration": i + 1, "wall_s": wall, "modeled_s": modeled, "train_reward": m["reward_mean"],
-                     **trainer.evaluate()}
+            point = {"iteration": i + 1, **totals, "train_reward": m["reward_mean"], **trainer.evaluate()}
             if "rank_spearman" in m:
                 point["rank_spearman"] = m["rank_spearman"]
             points.append(point)
             log(f"    iter {i + 1:3d}  held-out reward {point['eval_reward']:7.3f}  "
-                f"acc {point.get('eval_accuracy', float('nan')):.3f}  wall {wall:6.1f}s  modeled {modeled:6.1f}s")
+                f"acc {point.get('eval_accuracy', float('nan')):.3f}  wall {totals['wall_s']:6.1f}s  "
+                f"(rollout {totals['rollout_s']:6.1f}s, train {totals['train_s']:6.1f}s)", flush=True)
     return points
 
 
+def step_cost(points: list[dict[str, Any]]) -> float:
+    """c: seconds per full-precision sample-step of a run that samples only in full precision."""
+    last = points[-1]
+    if last["lp_sample_steps"] or not last["fp_sample_steps"]:
+        raise ValueError("the step cost is measured on a full-precision-only run (diffusionnft)")
+    return last["rollout_s"] / last["fp_sample_steps"]
+
+
+def add_modeled_time(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[int, float]:
+    """modeled_s = c·(fp steps + 0.46·lp steps) + train_s at every point, c from that seed's diffusionnft
+    run; returns c per seed. Points from older result files that already carry modeled_s are kept."""
+    costs = {}
+    for seed, points in runs["diffusionnft"].items():
+        if "rollout_s" not in points[-1]:
+            continue
+        costs[seed] = c = step_cost(points)
+        for by_seed in runs.values():
+            for p in by_seed.get(seed, []):
+                p["modeled_s"] = c * (p["fp_sample_steps"] + LOW_PRECISION_STEP_COST * p["lp_sample_steps"]) \
+                    + p["train_s"]
+    return costs
+
+
 def first_reach(points: list[dict[str, Any]], target: float, clock: str) -> float:
+    """When the held-out reward first reaches `target`, on `clock`, interpolated linearly between the
+    evaluation before the crossing and the one at it (evaluations are every few iterations; taking the
+    later one would round every run's time up to the evaluation grid). inf if never reached."""
+    previous = None
     for p in points:
         if p["eval_reward"] >= target:
-            return p[clock]
+            if previous is None:
+                return p[clock]
+            fraction = (target - previous["eval_reward"]) / (p["eval_reward"] - previous["eval_reward"])
+            return previous[clock] + fraction * (p[clock] - previous[clock])
+        previous = p
     return math.inf
 
 
@@ -152,9 +173,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--from-json", action="store_true", help="only re-summarize an existing --json")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                        help="combine earlier result files (e.g. one per run seed) into --json; no training")
     args = parser.parse_args(argv)
     if args.from_json:
         rereport(args.json, args.png)
+        return
+    if args.merge:
+        merge(args.merge, args.json, args.png)
         return
     if "diffusionnft" not in args.families:
         parser.error("--families must include diffusionnft: it sets the target")
@@ -168,28 +194,31 @@ def main(argv: list[str] | None = None) -> None:
     if args.art:
         variants["sol_rl_art"] = ["learner.family=sol_rl", "learner.objective=art", "learner.decay.type=0"]
     configs = {name: load_config(args.config, common + extra) for name, extra in variants.items()}  # fail early
-    step_cost = calibrate_step_cost(next(iter(configs.values())))
-    print(f"full-precision step cost: {step_cost * 1e3:.3f} ms per sample-step (low precision modeled at "
-          f"{LOW_PRECISION_STEP_COST}×)")
 
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in variants}
     for seed in args.seeds:
         for name, config in configs.items():
             print(f"== {name}, run seed {seed}", flush=True)
             runs[name][seed] = run_one(config.model_copy(update={"run": config.run.model_copy(update={"seed": seed})}),
-                                       step_cost, print)
-    report(runs, step_cost, vars(args), args.json, args.png)
+                                       print)
+    report(runs, vars(args), args.json, args.png)
 
 
-def report(runs, step_cost: float, settings: dict, json_path: Path, png: Path | None) -> None:
-    """Tables against diffusionnft (and naive_scaling when it ran), the JSON, the PNG."""
+def report(runs: dict[str, dict[int, list[dict[str, Any]]]], settings: dict, json_path: Path,
+           png: Path | None) -> None:
+    """Modeled time, tables against diffusionnft (and naive_scaling when it ran), the JSON, the PNG."""
+    costs = add_modeled_time(runs)
+    print("step cost c per run seed (diffusionnft's rollout s per full-precision sample-step): " +
+          ", ".join(f"seed {seed}: {c * 1e3:.3f} ms" for seed, c in costs.items()) +
+          f"; a low-precision step is modeled at {LOW_PRECISION_STEP_COST}·c")
     summaries = {f"vs_{b}": speedups(runs, b) for b in ("diffusionnft", "naive_scaling") if b in runs}
     for name, summary in summaries.items():
         print(f"\nspeedup {name.replace('_', ' ')} (target: its final held-out reward)")
         print(format_table(summary))
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps({"step_cost_s": step_cost, "low_precision_step_cost": LOW_PRECISION_STEP_COST,
-                                     "args": {k: str(v) for k, v in settings.items()},
+    json_path.write_text(json.dumps({"step_cost_s": {str(k): v for k, v in costs.items()},
+                                     "low_precision_step_cost": LOW_PRECISION_STEP_COST,
+                                     "args": {k: v if isinstance(v, dict) else str(v) for k, v in settings.items()},
                                      "summary": summaries, "runs": runs}, indent=1) + "\n")
     if png:
         plot(runs, png)
@@ -197,11 +226,35 @@ def report(runs, step_cost: float, settings: dict, json_path: Path, png: Path | 
     print(f"wrote {json_path}")
 
 
+def load_runs(path: Path) -> tuple[dict[str, dict[int, list[dict[str, Any]]]], dict]:
+    data = json.loads(path.read_text())
+    return {name: {int(seed): pts for seed, pts in by_seed.items()} for name, by_seed in data["runs"].items()}, data
+
+
+def merge(sources: list[Path], json_path: Path, png: Path | None) -> None:
+    """One report from several result files, e.g. one invocation per run seed, so a long benchmark
+    survives a crash seed by seed. Every family of a seed is costed with that seed's own c."""
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    settings = {}
+    for source in sources:
+        loaded, data = load_runs(source)
+        for name, by_seed in loaded.items():
+            for seed, points in by_seed.items():
+                if seed in runs.setdefault(name, {}):
+                    raise SystemExit(f"{source}: {name} with run seed {seed} is already in an earlier file")
+                runs[name][seed] = points
+        settings[str(source)] = data["args"]
+    missing = {name: sorted(set(by_seed) - set(runs.get("diffusionnft", {}))) for name, by_seed in runs.items()}
+    missing = {name: seeds for name, seeds in missing.items() if seeds}
+    if missing:
+        raise SystemExit(f"diffusionnft sets each seed's target but has no run for {missing}: merge its runs too")
+    report(runs, {"merged": settings}, json_path, png)
+
+
 def rereport(json_path: Path, png: Path | None) -> None:
     """Recompute the tables and the PNG from a previous run's JSON (no training)."""
-    data = json.loads(json_path.read_text())
-    runs = {name: {int(seed): pts for seed, pts in by_seed.items()} for name, by_seed in data["runs"].items()}
-    report(runs, data["step_cost_s"], data["args"], json_path, png)
+    runs, data = load_runs(json_path)
+    report(runs, data["args"], json_path, png)
 
 
 if __name__ == "__main__":
