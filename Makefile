@@ -39,8 +39,12 @@ bench: $(STAMP)
 	$(PY) -m bench.rank_fidelity --prompts 30 --json bench/results/rank_fidelity.json
 	$(PY) -m bench.weight_sync --json bench/results/weight_sync.json
 	$(PY) -m bench.cluster_throughput --json bench/results/cluster_throughput.json
+	for s in 0 1 2; do $(PY) -m bench.convergence --iterations 60 --seeds $$s --eval-every 4 \
+		--set eval.seeds_per_prompt=48 --json bench/results/convergence_seed$$s.json || exit 1; done
+	$(PY) -m bench.convergence --merge bench/results/convergence_seed0.json bench/results/convergence_seed1.json \
+		bench/results/convergence_seed2.json --json bench/results/convergence.json --png bench/results/convergence.png
 	$(PY) -m bench.convergence --iterations 20 --seeds 0,1 --control --art \
-		--json bench/results/convergence.json --png bench/results/convergence.png
+		--json bench/results/convergence_20it.json --png bench/results/convergence_20it.png
 
 # Rebuild the embedded world from scratch (data shipped in scikit-learn): classifier, then base model.
 world: $(STAMP)

@@ -98,9 +98,17 @@ def first_reach(points: list[dict[str, Any]], target: float, clock: str) -> floa
     return math.inf
 
 
-def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]], baseline: str = "diffusionnft") -> dict[str, dict]:
-    """Per run and clock: the baseline's time to reach its own final held-out reward ÷ the run's time
-    to reach it, per seed, then mean and spread. 0 means the run never reached it."""
+def baseline_target(points: list[dict[str, Any]], fraction: float = 1.0) -> float:
+    """The baseline's held-out reward at the first evaluation at or past `fraction` of its run."""
+    last = points[-1]["iteration"]
+    return next(p["eval_reward"] for p in points if p["iteration"] >= fraction * last)
+
+
+def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]], baseline: str = "diffusionnft",
+             fraction: float = 1.0) -> dict[str, dict]:
+    """Per run and clock: the baseline's time to reach its own held-out reward at `fraction` of its run
+    (1: its final reward) ÷ the run's time to reach it, per seed, then mean and spread. 0 means the run
+    never reached it."""
     out: dict[str, dict[str, Any]] = {}
     base = runs[baseline]
     for family, by_seed in runs.items():
@@ -108,7 +116,7 @@ def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]], baseline: str = "
         for clock in ("iteration", "wall_s", "modeled_s"):
             ratios = []
             for seed, points in by_seed.items():
-                target = base[seed][-1]["eval_reward"]
+                target = baseline_target(base[seed], fraction)
                 reference = first_reach(base[seed], target, clock)
                 reached = first_reach(points, target, clock)
                 ratios.append(reference / reached if reached > 0 and math.isfinite(reached) else 0.0)
@@ -121,13 +129,44 @@ def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]], baseline: str = "
     return out
 
 
+PROFILE_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+
+
+def speedup_profile(runs: dict[str, dict[int, list[dict[str, Any]]]],
+                    baseline: str = "diffusionnft") -> dict[str, dict[str, dict]]:
+    """Speedups against `baseline` for targets along its run (its reward at ¼, ½, ¾ and the end):
+    how the answer depends on where the target sits on the baseline's curve."""
+    by_fraction = {f: speedups(runs, baseline, f) for f in PROFILE_FRACTIONS}
+    return {family: {str(f): {clock: by_fraction[f][family][clock] for clock in ("iteration", "modeled_s")}
+                     for f in PROFILE_FRACTIONS} for family in runs}
+
+
+def format_profile(profile: dict[str, dict[str, dict]], baseline: str) -> str:
+    lines = ["| run | " + " | ".join(f"target: {baseline} at {f:g} of its run" for f in PROFILE_FRACTIONS) + " |",
+             "|---|" + "---|" * len(PROFILE_FRACTIONS)]
+    for name, row in profile.items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{describe(row[str(f)]['iteration']['per_seed'], spread=False)} it, "
+            f"{describe(row[str(f)]['modeled_s']['per_seed'], spread=False)} modeled"
+            for f in PROFILE_FRACTIONS) + " |")
+    return "\n".join(lines)
+
+
+def describe(ratios: list[float], spread: bool = True) -> str:
+    """Mean speedup over the seeds that reached the target (0 marks one that did not), saying how many."""
+    reached = [r for r in ratios if r > 0]
+    if not reached:
+        return "not reached"
+    text = f"{np.mean(reached):.2f}×" + (f" ({min(reached):.2f}–{max(reached):.2f})" if spread else "")
+    return text if len(reached) == len(ratios) else f"{text} [{len(reached)}/{len(ratios)} seeds reached]"
+
+
 def format_table(summary: dict[str, dict[str, Any]]) -> str:
     lines = ["| run | held-out reward: base → final (mean over seeds) | final accuracy | speedup, iterations | "
              "speedup, wall | speedup, modeled GPU time |", "|---|---|---|---|---|---|"]
     for name, row in summary.items():
         acc = [a for a in row["final_eval_accuracy"] if a is not None]
-        cells = [f"{row[c]['mean']:.2f}× ({row[c]['min']:.2f}–{row[c]['max']:.2f})"
-                 for c in ("iteration", "wall_s", "modeled_s")]
+        cells = [describe(row[c]["per_seed"]) for c in ("iteration", "wall_s", "modeled_s")]
         lines.append(f"| {name} | {np.mean(row['base_eval_reward']):.3f} → {np.mean(row['final_eval_reward']):.3f} | "
                      f"{np.mean(acc) if acc else float('nan'):.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -215,6 +254,11 @@ def report(runs: dict[str, dict[int, list[dict[str, Any]]]], settings: dict, jso
     for name, summary in summaries.items():
         print(f"\nspeedup {name.replace('_', ' ')} (target: its final held-out reward)")
         print(format_table(summary))
+    for baseline in ("diffusionnft", "naive_scaling"):
+        if baseline in runs:
+            summaries[f"profile_vs_{baseline}"] = profile = speedup_profile(runs, baseline)
+            print(f"\nspeedup vs {baseline.replace('_', ' ')} for targets along its run (mean over seeds)")
+            print(format_profile(profile, baseline))
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps({"step_cost_s": {str(k): v for k, v in costs.items()},
                                      "low_precision_step_cost": LOW_PRECISION_STEP_COST,

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.convergence import add_modeled_time, first_reach, merge, speedups
+from bench.convergence import add_modeled_time, first_reach, merge, speedup_profile, speedups
 
 
 def curve(rewards: list[float], every: int = 4, cost: float = 1.0) -> list[dict]:
@@ -53,6 +53,9 @@ def test_speedups_against_the_baselines_own_final_reward() -> None:
     assert summary["sol_rl"]["iteration"]["per_seed"] == [pytest.approx(2.0)]
     assert summary["sol_rl"]["wall_s"]["per_seed"] == [pytest.approx(12 / 9)]  # 6 iterations at 1.5 s
     assert summary["never"]["modeled_s"]["per_seed"] == [0.0]
+    halfway = speedups(runs, fraction=0.5)  # target: diffusionnft's −1.0 at iteration 8 (first at or past 6)
+    assert halfway["sol_rl"]["iteration"]["per_seed"] == [pytest.approx(8 / 4)]
+    assert speedup_profile(runs)["sol_rl"]["1.0"]["iteration"]["mean"] == pytest.approx(2.0)
 
 
 def test_merge_combines_seeds_costs_each_with_its_own_c_and_refuses_bad_input(tmp_path) -> None:
