@@ -18,7 +18,9 @@ is added to; a separate calibration at the start was off by up to 50% when anyth
 Each point keeps its raw cumulative counters, so the model is applied (and can be re-applied) in the report.
 
 Speedup of a family = time for diffusionnft to first reach its own final held-out reward ÷ time for
-the family to first reach it (per run seed; mean and spread over seeds). `--control` adds sol_rl with
+the family to first reach it (per run seed; mean and spread over seeds; crossings interpolated between
+evaluations). A profile repeats this for the baseline's reward at ¼, ½ and ¾ of its run, because the
+answer depends on where the target sits on the curve. `--control` adds sol_rl with
 each prompt's rewards shuffled among its samples (must stay flat); `--art` adds sol_rl with DiffusionART.
 """
 
