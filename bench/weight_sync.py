@@ -95,11 +95,12 @@ def main(argv: list[str] | None = None) -> None:
         # The object store's first snapshots of a new size land in fresh shared memory (page faults, arena
         # growth) for several publishes: unwarmed, whichever configuration ran first looked ~9× slower.
         warm = ray.remote(Source).options(max_concurrency=2, num_cpus=0).remote(services, nbytes, False)
+        scratch = {f"w{i}": torch.zeros(nbytes // TENSORS // 4) for i in range(TENSORS)}
         for _ in range(args.repeats + 2):
             version += 1
-            sync_once(warm, service, {f"w{i}": torch.zeros(nbytes // TENSORS // 4) for i in range(TENSORS)},
-                      version, verify=False)
+            sync_once(warm, service, scratch, version, verify=False)
         ray.kill(warm)
+        del scratch
         for checksums in (True, False):
             source = ray.remote(Source).options(max_concurrency=2, num_cpus=0).remote(services, nbytes, checksums)
             targets = {f"w{i}": torch.zeros(nbytes // TENSORS // 4) for i in range(TENSORS)}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -20,3 +22,19 @@ def embedded_policy():
     from diffusion.loading import load_policy
 
     return load_policy(EMBEDDED_MODEL)
+
+
+@pytest.fixture
+def restart_sync_service() -> Callable:
+    """Kill a WeightSyncService and wait until its restarted, empty successor answers. `ray.kill` is
+    asynchronous: the call right after it may still reach the old actor."""
+    import ray
+
+    def restart(service) -> None:
+        ray.kill(service, no_restart=False)
+        deadline = time.time() + 60
+        while ray.get(service.version.remote()) != -1:
+            assert time.time() < deadline, "the sync service did not restart"
+            time.sleep(0.2)
+
+    return restart

@@ -143,18 +143,14 @@ def test_a_killed_learner_resumes_bitwise(local_ray, tmp_path, reference_weights
     assert_same(weights, reference_weights)
 
 
-def test_a_restarted_sync_service_is_republished_to(local_ray, tmp_path, reference_weights):
+def test_a_restarted_sync_service_is_republished_to(local_ray, tmp_path, reference_weights, restart_sync_service):
     node = ray.get_runtime_context().get_node_id()
     restarted = []
 
     def restart_service(_job, _metrics) -> None:
         if not restarted:
             service = ray.get_actor(service_name(node))
-            ray.kill(service, no_restart=False)  # asynchronous: wait until the restarted, empty one answers
-            deadline = time.time() + 60
-            while ray.get(service.version.remote()) != -1:
-                assert time.time() < deadline, "the sync service did not restart"
-                time.sleep(0.2)
+            restart_sync_service(service)
             restarted.append(True)
 
     job, _ = driver.run(config(), str(tmp_path / "svc"), log=lambda _: None, on_iteration=restart_service)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import ray
@@ -96,7 +95,7 @@ def test_service_versions_are_monotonic_and_old_ones_are_released(local_ray):
     assert service.latest(after=3) == (3, None, [])
 
 
-def test_publish_fetch_and_restart_on_a_real_cluster(local_ray):
+def test_publish_fetch_and_restart_on_a_real_cluster(local_ray, restart_sync_service):
     services = start_services(keep=2)
     (node, service), = services.items()
     torch.manual_seed(0)
@@ -113,11 +112,7 @@ def test_publish_fetch_and_restart_on_a_real_cluster(local_ray):
     assert subscriber.poll()["version"] == 1 and subscriber.poll() is None
     assert torch.equal(engine[0].weight_fq, nvfp4_fake_quant(new["0.weight"]))
 
-    ray.kill(service, no_restart=False)  # the service restarts empty (kill is asynchronous: wait for it) ...
-    deadline = time.time() + 60
-    while ray.get(service.version.remote()) != -1:
-        assert time.time() < deadline, "the sync service did not restart"
-        time.sleep(0.2)
+    restart_sync_service(service)  # the service restarts empty ...
     assert publisher.republish() == [node]  # ... and the learner republishes to it
     assert ray.get(service.version.remote()) == 1
 
