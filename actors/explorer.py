@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import ray
 import torch
@@ -24,13 +25,14 @@ from diffusion.noise import derive_seeds
 from learner.rollouts import RankedGroup, explore_group
 from rewards import build_reward_from_config
 from rewards.config import RewardConfig
-from weight_sync.service import service_name
 from weight_sync.subscriber import WeightSubscriber
 
 
 class Explorer:
-    def __init__(self, model: ModelConfig, explore: ExploreConfig, reward: RewardConfig, *, run_seed: int,
-                 candidates: int, threads: int = 1, scorers: list | None = None) -> None:
+    def __init__(self, model: ModelConfig, explore: ExploreConfig, reward: RewardConfig, services: dict[str, Any],
+                 *, run_seed: int, candidates: int, threads: int = 1, scorers: list | None = None) -> None:
+        """`services`: node id → that node's WeightSyncService (this job's own); this explorer reads its
+        node's."""
         torch.set_num_threads(threads)
         self.explore_config, self.run_seed, self.candidates = explore, run_seed, candidates
         self.policy = load_policy_from_config(model)
@@ -39,25 +41,35 @@ class Explorer:
         # The policy's own transformer stays the unmodified base (the engine is a copy): the lora codec
         # merges adapters into it without another copy of the model.
         base = self.policy.transformer.state_dict()
-        service = ray.get_actor(service_name(ray.get_runtime_context().get_node_id()))
+        node = ray.get_runtime_context().get_node_id()
+        if node not in services:
+            raise RuntimeError(f"no weight-sync service on node {node}: it joined after the job started; "
+                               "restart the job to include it")
+        service = services[node]
         self.subscriber = WeightSubscriber(service, self.engine, base=base)
         self.metrics = ExplorerMetrics()
 
-    def sync(self, min_version: int, timeout_s: float = 900.0) -> int:
-        """Load the newest snapshot; wait until it is at least `min_version`. Returns the version held."""
+    def sync(self, version: int, timeout_s: float = 900.0) -> int:
+        """Hold exactly policy `version`, waiting for it to arrive; if the service no longer keeps it
+        (two newer ones came), the newest. Returns the version held."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            info = self.subscriber.poll()
+        while self.subscriber.version != version:
+            info = self.subscriber.fetch(version)
+            if info is None and self.subscriber.newest() > version:
+                info = self.subscriber.poll()  # released: the group says which version ranked it
+                if info is not None:
+                    self.metrics.synced(info)
+                return self.subscriber.version
             if info is not None:
                 self.metrics.synced(info)
-            if self.subscriber.version >= min_version:
-                return self.subscriber.version
+                break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"policy version {min_version} did not arrive within {timeout_s:.0f} s")
+                raise TimeoutError(f"policy version {version} did not arrive within {timeout_s:.0f} s")
             time.sleep(0.02)
+        return self.subscriber.version
 
-    def explore(self, iteration: int, slot: int, prompt: str, min_version: int) -> RankedGroup:
-        version = self.sync(min_version)
+    def explore(self, iteration: int, slot: int, prompt: str, version: int) -> RankedGroup:
+        version = self.sync(version)
         group = explore_group(
             self.policy, self.engine, self.reward, iteration=iteration, slot=slot, prompt=prompt,
             seeds=derive_seeds(self.run_seed, iteration, slot, self.candidates), steps=self.explore_config.steps,

@@ -19,7 +19,6 @@ from actors.metrics import LearnerMetrics
 from learner.rollouts import RankedGroup
 from learner.trainer import Trainer
 from weight_sync.publisher import WeightPublisher
-from weight_sync.service import service_name
 
 
 def codec_for(precision: str, requested: str) -> str:
@@ -30,10 +29,10 @@ def codec_for(precision: str, requested: str) -> str:
 
 
 class Learner:
-    def __init__(self, config, run_dir: str | None, *, resume: bool = False, codec: str = "auto",
-                 threads: int = 1) -> None:
+    def __init__(self, config, run_dir: str | None, services: dict[str, Any], *, resume: bool | str = False,
+                 codec: str = "auto", threads: int = 1) -> None:
+        """`services`: node id → that node's WeightSyncService (this job's own)."""
         torch.set_num_threads(threads)
-        services = {n["NodeID"]: ray.get_actor(service_name(n["NodeID"])) for n in ray.nodes() if n["Alive"]}
         self.codec = codec_for(config.explore.precision, codec)
         self.publisher: WeightPublisher | None = None
         self.trainer = Trainer(config, run_dir, publish=self._publish)
@@ -41,7 +40,6 @@ class Learner:
         self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.quantized_weights,
                                          source=ray.get_runtime_context().current_actor)
         self._resume = resume
-        self.base_eval: dict[str, float] = {}
         self.metrics = LearnerMetrics()
         self._last_end: float | None = None
 
@@ -61,8 +59,8 @@ class Learner:
     def start(self) -> dict[str, Any]:
         """Resume if asked, then publish the sampling policy (not in __init__: the services pull the
         snapshot from this actor, which cannot answer before its __init__ returns)."""
-        if self._resume:
-            self.trainer.resume()  # publishes the resumed sampling policy
+        if self._resume:  # True: run_dir/checkpoint; a path: that checkpoint folder
+            self.trainer.resume(None if self._resume is True else self._resume)  # publishes the resumed policy
         else:
             self.trainer.publish()
         return self.status()
@@ -98,14 +96,14 @@ class Learner:
         return self.trainer.save_final(Path(folder))
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out evaluation now; the first one (before any update) is kept as the base model's."""
-        result = self.trainer.evaluate()
-        if not self.base_eval and self.trainer.version == 0:
-            self.base_eval = result
-        return result
+        return self.trainer.evaluate()
+
+    def evaluate_base(self) -> dict[str, float]:
+        """The base model's held-out reward (a fresh run, before any update); saved in the run dir."""
+        return self.trainer.evaluate_base()
 
     def base_evaluation(self) -> dict[str, float]:
-        return self.base_eval
+        return self.trainer.base_eval
 
     def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
         return self.trainer.sample_images(seeds_per_prompt)

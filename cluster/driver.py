@@ -3,23 +3,31 @@
     for iteration i:   prompts(i) → one slot per prompt → explorers (round robin)
                        ← ranked groups (seeds + proxy rewards, a few KB each)
                        learner.train(i, groups) → update → new policy version → weight-sync services
-Sync mode (the paper): iteration i's slots are explored with the policy of version i.
-Async mode: while the learner trains on i, explorers already explore i + 1 with the version they hold;
-groups more than `max_policy_lag` versions old are dropped (counted) and explored again. The learner
+Sync mode (the paper): iteration i's slots are explored with the policy of version v_i, the learner's.
+Async mode: while the learner trains on i, explorers already explore i + 1 with version v_i — exactly
+that version (the services keep the last two), so an async run is as reproducible as a sync one.
+Groups more than `max_policy_lag` versions old are dropped (counted) and explored again. The learner
 regenerates the kept seeds with its current sampling policy, so training data stay on-policy: only
-the choice of seeds is stale. Slots lost with a dead explorer are re-dispatched; derived seeds make a
-retry give the same group.
+the choice of seeds is stale.
+
+Faults: a slot lost with an explorer is sent again after a backoff (0.5 s doubling to 8 s) to the
+next explorer in turn — with one explorer, the same one once it has restarted — until
+`cluster.explorers.restart_timeout_s`. Derived seeds and the pinned version make a retry give the
+same group. An explorer that dies `cluster.explorers.max_crashes` times in a row without finishing a
+slot is in a crash loop: the job ends with `ExplorerCrashLoop`, which names it (the run resumes
+from its last checkpoint).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -31,8 +39,14 @@ from diffusion.prompts import load_prompts
 from learner.trainer import progress_line, prompts_for
 from weight_sync.service import start_services
 
-MAX_ATTEMPTS = 5
 HEALTH_CHECK_S = 5.0  # a gather that sees no result this long makes sure every sync service holds the newest
+BACKOFF_S = (0.5, 8.0)  # first wait before re-sending a lost slot, and the cap of its doubling
+# Ray's words for a task sent to an actor that is still restarting: a wait, not another death.
+RESTARTING = "actor is restarting"
+
+
+class ExplorerCrashLoop(RuntimeError):
+    """An explorer keeps dying: retrying would never end."""
 
 
 @dataclass
@@ -44,9 +58,41 @@ class Job:
     scorers: list[Any] | None = None
 
 
-def start(config: SolRLConfig, run_dir: str | None, resume: bool) -> Job:
-    """Weight-sync services (one per node), a placement group, the learner and E explorers."""
-    services = start_services()
+@dataclass
+class RetryPolicy:
+    max_crashes: int = 3
+    timeout_s: float = 900.0
+
+
+@dataclass
+class Task:
+    """One slot's explore call in flight."""
+
+    slot: int
+    prompt: str
+    explorer: int
+    seq: int  # dispatch order: which incarnation of its explorer it could have reached
+    tries: int = 0
+    first_failure: float | None = None
+
+
+@dataclass
+class Health:
+    """Deaths per explorer, so that one crash (which fails every slot queued on it) counts once."""
+
+    deaths: dict[int, int] = field(default_factory=dict)  # in a row, since its last finished slot
+    mark: dict[int, int] = field(default_factory=dict)  # tasks dispatched up to here met that death
+    seq: int = 0
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+
+def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
+    """Weight-sync services (one per node, private to this job), a placement group, the learner and
+    E explorers."""
+    services = start_services(tag=uuid.uuid4().hex[:8])
     c = config.cluster
     bundles = [{"CPU": c.learner.num_cpus, "GPU": c.learner.num_gpus}] + [
         {"CPU": c.explorers.num_cpus, "GPU": c.explorers.num_gpus} for _ in range(c.explorers.count)] + [
@@ -60,7 +106,7 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool) -> Job:
 
     learner = ray.remote(Learner).options(  # max_concurrency 2: services pull snapshots during `train`
         num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(0), max_concurrency=2,
-    ).remote(config, run_dir, resume=resume, codec=c.codec, threads=c.learner.threads)
+    ).remote(config, run_dir, services, resume=resume, codec=c.codec, threads=c.learner.threads)
     scorers = [
         ray.remote(RewardScorer).options(
             num_cpus=c.scorers.num_cpus, num_gpus=c.scorers.num_gpus, max_restarts=-1, max_task_retries=-1,
@@ -72,71 +118,125 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool) -> Job:
         ray.remote(Explorer).options(
             num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus, scheduling_strategy=place(i + 1),
             max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
-        ).remote(config.model, config.explore, config.reward, run_seed=config.run.seed,
+        ).remote(config.model, config.explore, config.reward, services, run_seed=config.run.seed,
                  candidates=config.prompts.candidates, threads=c.explorers.threads, scorers=scorers or None)
         for i in range(c.explorers.count)
     ]
     return Job(learner, explorers, pg, services, scorers)
 
 
-def dispatch(job: Job, iteration: int, slots: list[tuple[int, str]], min_version: int) -> dict:
-    """One explore task per (slot, prompt), spread round robin; pending ref → (slot, prompt, attempt)."""
-    return {job.explorers[slot % len(job.explorers)].explore.remote(iteration, slot, prompt, min_version):
-            (slot, prompt, 0) for slot, prompt in slots}
+def dispatch(job: Job, iteration: int, slots: list[tuple[int, str]], version: int,
+             health: Health | None = None) -> dict:
+    """One explore task per (slot, prompt), spread round robin; pending ref → Task."""
+    health = health or Health()
+    pending = {}
+    for slot, prompt in slots:
+        e = slot % len(job.explorers)
+        pending[job.explorers[e].explore.remote(iteration, slot, prompt, version)] = Task(
+            slot, prompt, e, health.next_seq())
+    return pending
 
 
-def gather(job: Job, iteration: int, pending: dict, min_version: int, stats: dict) -> list:
-    """Wait for every slot's ranked group; a slot whose explorer died goes to the next explorer."""
+def gather(job: Job, iteration: int, pending: dict, version: int, stats: dict,
+           retry: RetryPolicy | None = None, health: Health | None = None) -> list:
+    """Wait for every slot's ranked group; a slot whose explorer died is sent again after a backoff."""
+    retry, health = retry or RetryPolicy(), health or Health()
     groups: dict[int, Any] = {}
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEALTH_CHECK_S)
-        if not ready:  # explorers may be waiting for a snapshot a restarted sync service lost
-            if job.learner is not None:
-                ray.get(job.learner.ensure_published.remote())
+    waiting: list[tuple[float, Task]] = []  # (when to re-send, task)
+    while pending or waiting:
+        now = time.monotonic()
+        for due, task in [w for w in waiting if w[0] <= now]:
+            waiting.remove((due, task))
+            task.explorer = (task.slot + task.tries) % len(job.explorers)
+            task.seq = health.next_seq()
+            ref = job.explorers[task.explorer].explore.remote(iteration, task.slot, task.prompt, version)
+            pending[ref] = task
+            stats["explorer_retries"] = stats.get("explorer_retries", 0) + 1
+        if not pending:
+            time.sleep(max(0.0, min(due for due, _ in waiting) - time.monotonic()))
             continue
-        slot, prompt, attempt = pending.pop(ready[0])
+        timeout = min([HEALTH_CHECK_S] + [max(0.0, due - now) for due, _ in waiting])
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
+        if not ready:
+            if not waiting and job.learner is not None:  # explorers may wait for a snapshot a restarted
+                ray.get(job.learner.ensure_published.remote())  # sync service lost
+            continue
+        task = pending.pop(ready[0])
         try:
-            groups[slot] = ray.get(ready[0])
-        except (RayActorError, ActorUnavailableError):
-            if attempt + 1 >= MAX_ATTEMPTS:
-                raise
-            explorer = job.explorers[(slot + attempt + 1) % len(job.explorers)]
-            pending[explorer.explore.remote(iteration, slot, prompt, min_version)] = (slot, prompt, attempt + 1)
-            stats["redispatched_slots"] = stats.get("redispatched_slots", 0) + 1
+            groups[task.slot] = ray.get(ready[0])
+            health.deaths[task.explorer] = 0
+        except RayActorError as exc:
+            now = time.monotonic()
+            restarting = RESTARTING in str(exc)
+            if not restarting and task.seq > health.mark.get(task.explorer, 0):
+                health.deaths[task.explorer] = health.deaths.get(task.explorer, 0) + 1
+                health.mark[task.explorer] = health.seq
+                stats["explorer_deaths"] = stats.get("explorer_deaths", 0) + 1
+                if health.deaths[task.explorer] >= retry.max_crashes:
+                    raise ExplorerCrashLoop(
+                        f"explorer {task.explorer} died {health.deaths[task.explorer]} times in a row without "
+                        f"finishing a slot (iteration {iteration}, last slot {task.slot}: {task.prompt!r}); its "
+                        "log is in the Ray dashboard (Actors → Explorer) and the job's logs") from exc
+            task.first_failure = task.first_failure or now
+            if now - task.first_failure > retry.timeout_s:
+                raise ExplorerCrashLoop(
+                    f"slot {task.slot} of iteration {iteration} found no live explorer for "
+                    f"{now - task.first_failure:.0f} s (cluster.explorers.restart_timeout_s); last error: "
+                    f"{str(exc).splitlines()[0]}") from exc
+            task.tries += 1
+            delay = min(BACKOFF_S[0] * 2 ** (task.tries - 1), BACKOFF_S[1])
+            stats["explorer_wait_s"] = stats.get("explorer_wait_s", 0.0) + delay
+            waiting.append((now + delay, task))
     return [groups[s] for s in sorted(groups)]
 
 
-def run(config: SolRLConfig, run_dir: str | None, *, resume: bool = False, log: Callable[[str], None] = print,
+def run(config: SolRLConfig, run_dir: str | None, *, resume: bool | str = False, log: Callable[[str], None] = print,
         on_iteration: Callable[[Job, dict[str, Any]], None] | None = None,
+        on_start: Callable[[Job, dict[str, Any]], None] | None = None,
         evaluate_base: bool = False) -> tuple[Job, list[dict[str, Any]]]:
-    """Run to config.run.iterations; `on_iteration(job, metrics)` is called after each (tests inject faults).
-    With evaluate_base, a fresh run first logs the base model's held-out reward."""
+    """Run to config.run.iterations; `on_start(job, status)` once the learner is up (and resumed),
+    `on_iteration(job, metrics)` after each iteration (tests inject faults there). With evaluate_base,
+    a fresh run first logs the base model's held-out reward. On an error the job's actors are stopped."""
     job = start(config, run_dir, resume)
+    try:
+        return job, _loop(job, config, log, on_iteration, on_start, evaluate_base)
+    except BaseException:
+        stop(job)
+        raise
+
+
+def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
+          on_iteration: Callable[[Job, dict[str, Any]], None] | None,
+          on_start: Callable[[Job, dict[str, Any]], None] | None, evaluate_base: bool) -> list[dict[str, Any]]:
     status = ray.get(job.learner.start.remote())
+    if on_start is not None:
+        on_start(job, status)
     if evaluate_base and status["iteration"] == 0:
-        base = ray.get(job.learner.evaluate.remote())
+        base = ray.get(job.learner.evaluate_base.remote())
         log("base model   held-out " + "  ".join(f"{k.removeprefix('eval_')} {v:.3f}" for k, v in base.items()))
     version, history = status["version"], []
     asynchronous, lag = config.cluster.mode == "async", config.cluster.max_policy_lag
+    retry = RetryPolicy(config.cluster.explorers.max_crashes, config.cluster.explorers.restart_timeout_s)
+    health = Health()
     prompt_set = load_prompts(config.prompts.source)
 
     def prompts(iteration: int) -> list[str]:  # a pure function: no need to ask the (busy) learner
         return prompts_for(prompt_set, config.run.seed, iteration, config.prompts.per_iteration)
 
-    prefetched: dict | None = None
+    prefetched: tuple[dict, int] | None = None  # async: the next iteration's tasks and their version
     for iteration in range(status["iteration"], config.run.iterations):
         stats: dict[str, Any] = {}
         tick = time.perf_counter()
         ray.get(job.learner.ensure_published.remote())  # a restarted sync service gets the newest again
         slots = list(enumerate(prompts(iteration)))
-        pending = prefetched if prefetched is not None else dispatch(job, iteration, slots, version)
-        groups = gather(job, iteration, pending, version, stats)
+        pending, explored_with = prefetched or (dispatch(job, iteration, slots, version, health), version)
+        groups = gather(job, iteration, pending, explored_with, stats, retry, health)
         if asynchronous:  # drop groups explored with a policy more than `lag` versions old; explore again
             stale = [g.slot for g in groups if version - g.policy_version > lag]
             if stale:
                 stats["dropped_groups"] = len(stale)
-                again = dispatch(job, iteration, [slots[s] for s in stale], version)
-                fresh = {g.slot: g for g in gather(job, iteration, again, version, stats)}
+                again = dispatch(job, iteration, [slots[s] for s in stale], version, health)
+                fresh = {g.slot: g for g in gather(job, iteration, again, version, stats, retry, health)}
                 groups = [fresh.get(g.slot, g) if g.slot in stale else g for g in groups]
         waited = time.perf_counter() - tick
         explore_s = max(g.seconds for g in groups) if groups else 0.0
@@ -146,18 +246,21 @@ def run(config: SolRLConfig, run_dir: str | None, *, resume: bool = False, log: 
         train_ref = job.learner.train.remote(iteration, groups, stats)
         prefetched = None
         if asynchronous and iteration + 1 < config.run.iterations:
-            prefetched = dispatch(job, iteration + 1, list(enumerate(prompts(iteration + 1))), version)
+            nxt = list(enumerate(prompts(iteration + 1)))
+            prefetched = (dispatch(job, iteration + 1, nxt, version, health), version)
         metrics = ray.get(train_ref)
         version = metrics["policy_version"]
         history.append(metrics)
         log(progress_line(metrics))
         if on_iteration is not None:
             on_iteration(job, metrics)
-    return job, history
+    return history
 
 
 def stop(job: Job) -> None:
     """End the job's actors, its weight-sync services (their snapshots with them) and its placement."""
     for actor in [job.learner, *job.explorers, *(job.scorers or []), *(job.services or {}).values()]:
-        ray.kill(actor, no_restart=True)
-    remove_placement_group(job.placement)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+    if job.placement is not None:
+        remove_placement_group(job.placement)

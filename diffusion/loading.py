@@ -9,7 +9,9 @@ tiny model and SD3.5-Large go through this same function.
 
 from __future__ import annotations
 
+import importlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -131,3 +133,147 @@ def load_policy_from_config(config: ModelConfig) -> FlowPolicy:
     else:
         dtype = getattr(torch, config.dtype)
     return load_policy(config.folder(), device=device, dtype=dtype, shift=config.shift, resolution=config.resolution)
+
+
+# ---- checks without loading (run by the launcher before any actor starts) ---------------------------
+
+_SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers
+_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}
+_RECOPY = "copy or download it again"
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Raise ValueError (one line) unless `path` is a whole safetensors file: a readable JSON header
+    whose tensors exactly cover the rest of the file. Reads the header only, never the weights."""
+    file = Path(path)
+    size = file.stat().st_size
+    with file.open("rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"{file} is not a safetensors file ({size} bytes, not even the header length); {_RECOPY}")
+        length = int.from_bytes(prefix, "little")
+        if length > min(size - 8, _SAFETENSORS_MAX_HEADER):
+            raise ValueError(f"{file} is truncated or not a safetensors file: its header length ({length} bytes) "
+                             f"exceeds the file ({size} bytes); {_RECOPY}")
+        raw = handle.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        if not isinstance(header, dict):
+            raise ValueError("not a JSON object")
+        end = 0
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, stop = (int(x) for x in info["data_offsets"])
+            width = _DTYPE_BYTES.get(info["dtype"])
+            count = math.prod(int(d) for d in info["shape"])
+            if not 0 <= begin <= stop or (width is not None and stop - begin != count * width):
+                raise ValueError(f"tensor {name!r} has offsets [{begin}, {stop}] that do not fit its dtype and shape")
+            end = max(end, stop)
+    except (ValueError, TypeError, KeyError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{file} has a corrupt safetensors header ({' '.join(str(exc).split())}); {_RECOPY}") from None
+    data = size - 8 - length
+    if end > data:
+        raise ValueError(f"{file} is truncated: its header places tensor data up to byte {end} but the file holds "
+                         f"{data} bytes of data; {_RECOPY}")
+    if end < data:
+        raise ValueError(f"{file} is corrupt: it holds {data} bytes of tensor data but its header accounts for {end}; "
+                         f"{_RECOPY}")
+
+
+def _read_json(file: Path, what: str) -> dict:
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} is missing: {what}")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{file} is not valid JSON ({' '.join(str(exc).split())}); {what}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} must hold a JSON object; {what}")
+    return data
+
+
+def _has_class(library: str, class_name: str) -> bool:
+    module = importlib.import_module(library)
+    # Both libraries import lazily: dir() lists every exported class without importing its module
+    # (diffusers' models alone take seconds); hasattr covers anything dir() leaves out.
+    return class_name in dir(module) or hasattr(module, class_name)
+
+
+def check_model_folder(path: str | os.PathLike) -> None:
+    """Check a model folder as `load_policy` will read it, without loading any weights.
+
+    Raises FileNotFoundError, ValueError or NotImplementedError with a one-line message naming the file
+    and the fix: the folder, model_index.json and each listed component's folder, the family of the
+    transformer class, the classes named, configs, and every safetensors header (truncated files too).
+    """
+    folder = Path(path)
+    hint = ("a model folder is what diffusers' save_pretrained writes (model_index.json, transformer/, "
+            "text_encoder/, tokenizer/, scheduler/, optional vae/)")
+    if not folder.exists():
+        raise FileNotFoundError(f"{folder} does not exist; {hint}")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file, not a folder; {hint}")
+    if not any(folder.iterdir()):
+        raise FileNotFoundError(f"{folder} is empty; {hint}")
+    index_file = folder / "model_index.json"
+    index = _read_json(index_file, f"it names the folder's components; {hint}")
+
+    components: dict[str, tuple[str, str]] = {}
+    for name, spec in index.items():
+        if name.startswith("_") or not isinstance(spec, list) or (spec and spec[0] is None):
+            continue  # metadata, or a component saved as None: load_policy skips these too
+        if len(spec) != 2 or not all(isinstance(s, str) for s in spec):
+            raise ValueError(f"{index_file}: entry {name!r} must be [library, class] or [null, null], got {spec}")
+        components[name] = (spec[0], spec[1])
+    if "transformer" not in components:
+        raise ValueError(f"{index_file} lists no transformer; {hint}")
+    for name in components:
+        component = folder / name
+        if not component.is_dir():
+            raise FileNotFoundError(f"{component} is missing: component {name!r} is listed in {index_file}; "
+                                    "restore the folder or set its entry to [null, null]")
+        if not any(component.iterdir()):
+            raise FileNotFoundError(f"{component} is empty: component {name!r} is listed in {index_file}")
+
+    # The family comes first: it needs neither diffusers nor transformers imported.
+    transformer_config = folder / "transformer" / "config.json"
+    config_class = _read_json(transformer_config, "the transformer's config").get("_class_name")
+    for class_name, where in ((components["transformer"][1], index_file), (config_class, transformer_config)):
+        try:
+            family = family_for_transformer(str(class_name))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if not family.supported:
+            raise NotImplementedError(f"{where}: model family {family.name!r} is not supported yet: {family.note}")
+
+    scheduler_file = folder / "scheduler" / "scheduler_config.json"
+    if _read_json(scheduler_file, "the scheduler config gives the time shift").get("use_dynamic_shifting"):
+        raise NotImplementedError(f"{scheduler_file}: resolution-dependent (dynamic) time shift is not supported yet")
+
+    for name in components:
+        component = folder / name
+        if name != "scheduler" and not name.startswith("tokenizer"):
+            _read_json(component / "config.json", f"the config of component {name!r}")
+            weights = sorted(component.glob("*.safetensors"))
+            if not weights:
+                raise FileNotFoundError(f"{component} has no *.safetensors weights (only safetensors are loaded, never "
+                                        "pickle files); convert them with save_pretrained(safe_serialization=True)")
+            for shard_index in component.glob("*.safetensors.index.json"):
+                shards = set(_read_json(shard_index, "it maps tensors to shard files").get("weight_map", {}).values())
+                missing = sorted(str(s) for s in shards if not (component / str(s)).is_file())
+                if missing:
+                    raise FileNotFoundError(f"{shard_index} names shard {missing[0]}, which is missing; {_RECOPY}")
+            for file in weights:
+                check_safetensors(file)
+
+    for name, (library, class_name) in components.items():
+        if library not in _LIBRARIES:
+            raise ValueError(f"{index_file}: component {name!r} comes from {library!r}, which is not loadable here; "
+                             f"expected one of {', '.join(_LIBRARIES)}")
+        if not _has_class(library, class_name):
+            raise ValueError(f"{index_file}: {library} has no class {class_name!r} (component {name!r}); check the "
+                             "spelling, or the installed version of the library")

@@ -24,9 +24,19 @@ def load_prompts(source: str, *, heldout: bool = False) -> list[str]:
     if source == "embedded":
         return heldout_prompts() if heldout else train_prompts()
     path = Path(source)
+    if path.is_dir():
+        raise IsADirectoryError(f"prompt file {path} is a directory; name a text file, one prompt per line")
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} does not exist (use 'embedded' or a text file, one per line)")
-    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark some editors write is no prompt
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"prompt file {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line}); save it as UTF-8"
+        ) from None
+    prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
-        raise ValueError(f"prompt file {path} holds no prompts")
+        raise ValueError(f"prompt file {path} holds no prompts (it is empty or only whitespace); write one per line")
     return prompts

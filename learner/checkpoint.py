@@ -1,4 +1,4 @@
-"""Checkpoints of a `TrainingState`: safetensors and JSON only (never pickle).
+"""Checkpoints of a `TrainingState`: safetensors and JSON only (never pickle), verified before use.
 
 A checkpoint is a folder:
 
@@ -7,36 +7,98 @@ A checkpoint is a folder:
 * ``optimizer.safetensors``: AdamW's per-parameter tensors, keyed ``<state>/<param name>``
   (``exp_avg/…``, ``exp_avg_sq/…``);
 * ``rng.safetensors``: the torch CPU RNG state (uint8) and, on CUDA, each device's;
-* ``meta.json`` (written last): format, mode and LoRA settings, parameter shapes, AdamW step counts
-  and hyper-parameters, ``skipped_steps``, the iteration and the caller's ``extra`` dict.
+* ``meta.json`` (written last): format and version, the SHA-256 and size of each of the four files,
+  mode and LoRA settings, parameter shapes, AdamW step counts and hyper-parameters,
+  ``skipped_steps``, the iteration and the caller's ``extra`` dict.
 
-Saving writes ``<dir>.tmp`` (``meta.json`` last) and renames it to ``<dir>`` only when complete, so
-a crash never leaves a half-written ``<dir>``. Replacing an existing ``<dir>`` moves it to
-``<dir>.old`` first; if a crash falls between the two renames, loading ``<dir>`` takes the complete
-``<dir>.tmp`` (or ``<dir>.old``). Loading checks every name and shape before changing anything.
+Integrity. Saving refuses non-finite floats in θ, θ_old and the optimizer state (a run that diverged
+must not overwrite its last good checkpoint). `verify_checkpoint` — which `load_checkpoint` calls
+before touching the state — checks meta.json, every checksum and that every float is finite, and
+raises `CorruptCheckpoint` with one line naming the file and the problem; when the previous
+checkpoint verifies, the line says so. Version-1 checkpoints (no checksums) are refused.
+
+The last two checkpoints are kept: ``<dir>`` and ``<dir>.previous``. Saving writes ``<dir>.tmp``
+(``meta.json`` last, itself renamed into place) and then rotates with renames only: an existing
+``<dir>.previous`` goes to ``<dir>.discard`` (deleted at the end), ``<dir>`` becomes
+``<dir>.previous``, ``<dir>.tmp`` becomes ``<dir>``. A crash therefore never leaves a half-written
+``<dir>``; if it falls between the last two renames, loading ``<dir>`` takes the complete ``<dir>.tmp``
+(or ``<dir>.previous``), and the next save first finishes the interrupted rotation.
+
+Every safetensors file this project writes goes through `write_safetensors`: the library keeps the
+header's metadata in a hash map (its key order, hence the file's bytes, varies between calls), so
+the metadata is one key holding sorted JSON and identical tensors give identical bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save_file
 
 from learner.training_state import TrainingState
 
 FORMAT = "sol-rl-training-state"
-VERSION = 1
+VERSION = 2  # 2: checksums of every file in meta.json
 HYPER_PARAMS = ("lr", "betas", "weight_decay", "eps")
+FILES = ("theta.safetensors", "old.safetensors", "optimizer.safetensors", "rng.safetensors")
+FLOAT_FILES = FILES[:3]  # rng is uint8
+METADATA_KEY = "sol_rl"  # the one safetensors metadata key this project writes
 
 
-def _cpu(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu").contiguous()
+class CorruptCheckpoint(ValueError):
+    """A checkpoint that must not be trusted; the message is one line naming the file and the problem."""
+
+
+class NonFiniteWeights(ValueError):
+    """Weights (or optimizer state) with NaN or ±inf, refused before they are written or published."""
+
+
+def previous_checkpoint(dir: str | os.PathLike) -> Path:
+    """The folder the checkpoint before `dir`'s is kept in: ``<dir>.previous``."""
+    path = Path(dir)
+    return path.with_name(path.name + ".previous")
+
+
+# ---- finite values, deterministic files --------------------------------------------------------
+def non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """None if every floating-point tensor is finite; else which one is not, e.g.
+    ``"16 non-finite values in 'x.weight'"`` (+ ``" (and 2 more tensors)"``), the first in order."""
+    bad: list[tuple[str, int]] = []
+    for name, tensor in tensors.items():
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            continue
+        finite = torch.isfinite(tensor.detach())
+        if not bool(finite.all()):
+            bad.append((name, int(finite.numel() - finite.sum())))
+    if not bad:
+        return None
+    name, count = bad[0]
+    text = f"{count} non-finite value{'s' if count != 1 else ''} in {name!r}"
+    if len(bad) > 1:
+        text += f" (and {len(bad) - 1} more tensor{'s' if len(bad) > 2 else ''})"
+    return text
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """Raise `NonFiniteWeights` ``"<what>: <n> non-finite values in '<name>'"`` unless all are finite."""
+    problem = non_finite(tensors)
+    if problem is not None:
+        raise NonFiniteWeights(f"{what}: {problem}")
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _fsync(path: Path) -> None:
@@ -47,11 +109,33 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    save_file({k: _cpu(v) for k, v in tensors.items()}, str(path), metadata={"format": FORMAT})
-    _fsync(path)
+def write_safetensors(
+    path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any] | None = None,
+    *, fsync: bool = False,
+) -> str:
+    """Write `tensors` (moved to CPU, contiguous) to `path` with deterministic bytes; returns its SHA-256.
+
+    `metadata` (JSON-serialisable) is stored as sorted JSON under the single key ``"sol_rl"``: with
+    several keys the library's hash map writes them in a varying order. Read it back with
+    `safetensors_metadata`.
+    """
+    out = Path(path)
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    header = {METADATA_KEY: json.dumps(dict(metadata or {}), sort_keys=True, separators=(",", ":"))}
+    save_file(cpu, str(out), metadata=header)
+    if fsync:
+        _fsync(out)
+    return _sha256(out)
 
 
+def safetensors_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The metadata `write_safetensors` stored in `path` ({} when there is none)."""
+    with safe_open(str(path), framework="pt") as f:
+        stored = f.metadata() or {}
+    return json.loads(stored[METADATA_KEY]) if METADATA_KEY in stored else {}
+
+
+# ---- saving ------------------------------------------------------------------------------------
 def _json_value(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
@@ -60,11 +144,18 @@ def _json_value(value: Any) -> Any:
     return value
 
 
+def _siblings(final: Path) -> tuple[Path, Path, Path]:
+    """<dir>.tmp (being written), <dir>.previous (kept), <dir>.discard (being deleted)."""
+    return (final.with_name(final.name + ".tmp"), previous_checkpoint(final),
+            final.with_name(final.name + ".discard"))
+
+
 def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: int, extra: dict | None = None) -> Path:
-    """Write `state` (+ iteration, extra) to folder `dir` atomically; returns the folder."""
+    """Write `state` (+ iteration, extra) to folder `dir` atomically, keeping the one it replaces as
+    ``<dir>.previous``; returns the folder. Raises `NonFiniteWeights` (writing nothing) when θ, θ_old
+    or the optimizer state holds NaN or ±inf."""
     final = Path(dir)
-    tmp = final.with_name(final.name + ".tmp")
-    previous = final.with_name(final.name + ".old")
+    tmp, previous, discard = _siblings(final)
     extra = dict(extra or {})
     try:
         json.dumps(extra)
@@ -85,6 +176,8 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
                 optimizer_tensors[f"{key}/{name}"] = value
             else:
                 raise TypeError(f"save_checkpoint: optimizer state {key!r} of {name} is not a tensor")
+    for label, tensors in (("theta", theta), ("old", old), ("optimizer state", optimizer_tensors)):
+        check_finite(tensors, f"save_checkpoint: refusing to write non-finite {label} to {final}")
     groups = [
         {k: _json_value(v) for k, v in group.items() if k != "params"} for group in state.optimizer.param_groups
     ]
@@ -92,9 +185,21 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # untouched CUDA: no CUDA RNG was used
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             rng[f"cuda:{i}"] = s
+
+    if not final.exists() and (tmp / "meta.json").exists():
+        tmp.rename(final)  # a save that died between its renames: finish it, so it becomes .previous below
+    for stale in (tmp, discard):
+        if stale.exists():
+            shutil.rmtree(stale)
+    tmp.mkdir(parents=True)
+    files = {}
+    for name, tensors in zip(FILES, (theta, old, optimizer_tensors, rng), strict=True):
+        digest = write_safetensors(tmp / name, tensors, {"format": FORMAT}, fsync=True)
+        files[name] = {"sha256": digest, "bytes": (tmp / name).stat().st_size}
     meta = {
         "format": FORMAT,
         "version": VERSION,
+        "files": files,
         "mode": state.mode,
         "lora_rank": state.config.lora_rank if state.mode == "lora" else None,
         "lora_alpha": state.config.lora_alpha if state.mode == "lora" else None,
@@ -106,28 +211,113 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
         "iteration": int(iteration),
         "extra": extra,
     }
-
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    _write_tensors(tmp / "theta.safetensors", theta)
-    _write_tensors(tmp / "old.safetensors", old)
-    _write_tensors(tmp / "optimizer.safetensors", optimizer_tensors)
-    _write_tensors(tmp / "rng.safetensors", rng)
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    _fsync(tmp / "meta.json")
+    # meta.json appears whole or not at all: its presence is what marks a folder complete.
+    partial = tmp / "meta.json.partial"
+    partial.write_text(json.dumps(meta, indent=1))
+    _fsync(partial)
+    partial.rename(tmp / "meta.json")
     _fsync(tmp)
     if final.exists():
         if previous.exists():
-            shutil.rmtree(previous)
+            previous.rename(discard)
         final.rename(previous)
     tmp.rename(final)
     _fsync(final.parent)
-    if previous.exists():
-        shutil.rmtree(previous)
+    if discard.exists():
+        shutil.rmtree(discard)
     return final
 
 
+# ---- verifying ---------------------------------------------------------------------------------
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _verify(folder: Path) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
+    """meta.json and the tensors of every file, all checked; raises CorruptCheckpoint (no hint)."""
+    if not folder.is_dir():
+        raise CorruptCheckpoint(f"{folder}: no checkpoint folder there")
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        raise CorruptCheckpoint(f"{meta_path}: missing (the checkpoint is incomplete)")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptCheckpoint(f"{meta_path}: unreadable ({_one_line(exc)})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CorruptCheckpoint(f"{meta_path}: not a {FORMAT} checkpoint")
+    version = meta.get("version")
+    if version != VERSION or not isinstance(meta.get("files"), dict):
+        if isinstance(version, int) and version < VERSION:
+            raise CorruptCheckpoint(
+                f"{meta_path}: a version {version} checkpoint has no checksums, so it cannot be verified and is "
+                f"not loaded (this code reads version {VERSION})")
+        if version == VERSION:
+            raise CorruptCheckpoint(f"{meta_path}: no 'files' checksums (meta.json was altered)")
+        raise CorruptCheckpoint(f"{meta_path}: checkpoint format version {version!r}, this code reads {VERSION}")
+    listed: dict = meta["files"]
+    for name in FILES:
+        if name not in listed:
+            raise CorruptCheckpoint(f"{meta_path}: has no checksum of {name} (meta.json was altered)")
+
+    loaded: dict[str, dict[str, torch.Tensor]] = {}
+    for name in FILES:
+        path = folder / name
+        if not path.is_file():
+            raise CorruptCheckpoint(f"{path}: missing")
+        expected = listed[name]
+        data = path.read_bytes()  # what is hashed is what is loaded: no second read in between
+        problems = []
+        if hashlib.sha256(data).hexdigest() != expected.get("sha256"):
+            problems.append("checksum mismatch (the file changed after it was written)" if len(data) ==
+                            expected.get("bytes") else f"checksum mismatch (the file changed after it was "
+                            f"written: {len(data)} bytes, {expected.get('bytes')} when written)")
+        try:
+            tensors = load_safetensors_bytes(data)
+        except Exception as exc:  # whatever the damage, the parser's complaint goes into the one line
+            problems.append(f"not a readable safetensors file ({_one_line(exc)})")
+        else:
+            if name in FLOAT_FILES:
+                problem = non_finite(dict(sorted(tensors.items())))
+                if problem is not None:
+                    problems.append(problem)
+            loaded[name] = tensors
+        if problems:
+            raise CorruptCheckpoint(f"{path}: {'; '.join(problems)}")
+    return meta, loaded
+
+
+def _verified(folder: Path, checkpoint: Path) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
+    """`_verify(folder)`; a failure names `checkpoint`'s previous one when that one verifies."""
+    try:
+        return _verify(folder)
+    except CorruptCheckpoint as exc:
+        message = str(exc)
+        previous = previous_checkpoint(checkpoint)
+        if previous != folder and previous.is_dir():
+            try:
+                meta, _ = _verify(previous)
+            except CorruptCheckpoint:
+                pass
+            else:
+                message += f"; the previous checkpoint {previous} (iteration {meta['iteration']}) verifies"
+        raise CorruptCheckpoint(message) from None
+
+
+def verify_checkpoint(dir: str | os.PathLike) -> dict:
+    """Check the checkpoint folder `dir` without a TrainingState; returns its parsed meta.json.
+
+    Checked: meta.json is present, parseable and of this format and version; each file it lists
+    exists with the SHA-256 recorded at save time; every float in θ, θ_old and the optimizer state
+    is finite. Raises `CorruptCheckpoint` otherwise, e.g. ``"runs/x/checkpoint/theta.safetensors:
+    checksum mismatch (the file changed after it was written); the previous checkpoint
+    runs/x/checkpoint.previous (iteration 4) verifies"``.
+    """
+    folder = Path(dir)
+    return _verified(folder, folder)[0]
+
+
+# ---- loading -----------------------------------------------------------------------------------
 def _check(what: str, expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], where: Path) -> None:
     missing = sorted(expected.keys() - found.keys())
     if missing:
@@ -146,12 +336,12 @@ def _check(what: str, expected: dict[str, torch.Tensor], found: dict[str, torch.
 
 
 def _complete_folder(folder: Path) -> Path:
-    """`folder`, or — when a save died between its two renames — its complete `.tmp` or `.old`."""
+    """`folder`, or — when a save died between its last two renames — its complete `.tmp` or `.previous`."""
     if (folder / "meta.json").exists():
         return folder
     if not folder.exists():
-        for suffix in (".tmp", ".old"):  # .tmp has meta.json only once complete; it is the newer one
-            candidate = folder.with_name(folder.name + suffix)
+        tmp, previous, _ = _siblings(folder)
+        for candidate in (tmp, previous):  # .tmp has meta.json only once complete; it is the newer one
             if (candidate / "meta.json").exists():
                 warnings.warn(f"{folder} is missing (an interrupted save); loading {candidate}", stacklevel=3)
                 return candidate
@@ -161,27 +351,26 @@ def _complete_folder(folder: Path) -> Path:
 def load_checkpoint(dir: str | os.PathLike, state: TrainingState) -> dict:
     """Restore `state` from folder `dir`; returns {'iteration': int, 'extra': dict}.
 
-    Everything is validated before the state changes. The optimizer's hyper-parameters stay the
-    state's (its config); a checkpoint whose recorded ones differ gives a warning.
+    The folder is verified first (`verify_checkpoint`: `CorruptCheckpoint` names the damaged file),
+    then matched against the state; nothing changes unless all of it passes. The optimizer's
+    hyper-parameters stay the state's (its config); a checkpoint whose recorded ones differ gives a
+    warning.
     """
     folder = _complete_folder(Path(dir))
-    meta_path = folder / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise ValueError(f"{folder}: not a {FORMAT} v{VERSION} checkpoint")
+    meta, loaded = _verified(folder, Path(dir))
     if meta["mode"] != state.mode:
         raise ValueError(f"{folder}: checkpoint is {meta['mode']!r} mode, the state is {state.mode!r}")
 
     theta = state.theta_parameters()
     old = state.old_parameters()
-    theta_saved = load_file(str(folder / "theta.safetensors"))
-    old_saved = load_file(str(folder / "old.safetensors"))
+    theta_saved = loaded["theta.safetensors"]
+    old_saved = loaded["old.safetensors"]
     _check("theta", theta, theta_saved, folder)
     _check("old", old, old_saved, folder)
     if state.mode == "lora" and meta["lora_alpha"] != state.config.lora_alpha:
         raise ValueError(f"{folder}: lora_alpha {meta['lora_alpha']} in the checkpoint, {state.config.lora_alpha} here")
 
-    optimizer_saved = load_file(str(folder / "optimizer.safetensors"))
+    optimizer_saved = loaded["optimizer.safetensors"]
     steps: dict[str, float] = meta["optimizer"]["step"]
     per_param: dict[str, dict[str, torch.Tensor]] = {name: {} for name in steps}
     for key, value in optimizer_saved.items():
@@ -212,7 +401,7 @@ def load_checkpoint(dir: str | os.PathLike, state: TrainingState) -> dict:
                     stacklevel=2,
                 )
 
-    rng = load_file(str(folder / "rng.safetensors"))
+    rng = loaded["rng.safetensors"]
 
     # ---- everything checked: apply -------------------------------------------------------------
     with torch.no_grad():

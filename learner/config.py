@@ -19,6 +19,9 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0, description="every seed of the run derives from it")
     iterations: int = Field(20, ge=0)
     checkpoint_every: int = Field(5, ge=0, description="iterations between checkpoints; 0: only at the end")
+    root: str | None = Field(None, description="absolute folder (shared storage on a cluster) that relative "
+                             "--run-dir values and default run names resolve against; None: the current "
+                             "directory (refused inside a Ray job, whose current directory is temporary)")
 
 
 class EvalConfig(BaseModel):

@@ -1,9 +1,11 @@
 """Which K of a prompt's N explored seeds the learner regenerates and trains on.
 
 Sol-RL's default, `best_worst`, keeps the K/2 highest and K/2 lowest proxy rewards: the strongest
-contrast, whose expected best–worst gap grows like 2σ·sqrt(2 log N). The other modes are those of the
-official code. Random choices use a generator the caller seeds from (run seed, iteration, slot), so a
-selection is reproducible anywhere. Ties are broken by candidate index (stable sorts).
+contrast, whose expected best–worst gap grows like 2σ·sqrt(2 log N). An odd K gives the extra seed to
+the worst group (⌊K/2⌋ best, ⌈K/2⌉ worst), as the official code's `select_indices_by_mode` does. The
+other modes are those of the official code. Random choices use a generator the caller seeds from
+(run seed, iteration, slot), so a selection is reproducible anywhere. Ties are broken by candidate
+index (stable sorts).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def select_candidates(
 ) -> torch.Tensor:
     """Indices (int64 [k]) into a prompt's N proxy rewards.
 
-    best_worst:      top ⌈k/2⌉ by reward (descending) then bottom ⌊k/2⌋ (ascending)
+    best_worst:      top ⌊k/2⌋ by reward (descending) then bottom k − ⌊k/2⌋ = ⌈k/2⌉ (ascending)
     random:          k distinct indices uniformly at random
     mean_deviation:  top k by |r − mean r|
     extremes_random: argmax, argmin, then k − 2 random among the rest
@@ -37,8 +39,8 @@ def select_candidates(
         return torch.arange(n)
     order = torch.argsort(proxy, descending=True, stable=True)
     if mode == "best_worst":
-        top = k - k // 2
-        return torch.cat([order[:top], torch.flip(order, [0])[: k // 2]])
+        n_best = k // 2
+        return torch.cat([order[:n_best], torch.flip(order, [0])[: k - n_best]])
     if mode == "mean_deviation":
         return torch.argsort((proxy - proxy.mean()).abs(), descending=True, stable=True)[:k]
     if generator is None:

@@ -16,10 +16,11 @@ weights to the low-precision engine. The Ray learner actor wraps this class; exp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,12 +31,13 @@ from scipy.stats import spearmanr
 
 from diffusion.explore import build_explore_engine
 from diffusion.loading import load_policy_from_config
-from diffusion.noise import derive_seed, derive_seeds
+from diffusion.noise import derive_seed, derive_seeds, initial_noise
 from diffusion.prompts import load_prompts
 from diffusion.quant import eligible_linear_names, load_weights
+from diffusion.samplers import sample_ode
 from learner.advantages import compute_advantages
 from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows
-from learner.checkpoint import load_checkpoint, save_checkpoint
+from learner.checkpoint import check_finite, load_checkpoint, save_checkpoint, write_safetensors
 from learner.objectives import nft_loss, trained_timestep_indices
 from learner.rollouts import Generated, RankedGroup, explore_group, generate
 from learner.selection import select_candidates
@@ -48,6 +50,7 @@ if TYPE_CHECKING:  # the composed tree lives in cluster/, which imports this mod
 # Stream ids for derive_seed(run_seed, iteration, STREAM, index): one per kind of random choice.
 PROMPT_STREAM, SELECT_STREAM, TIMESTEP_STREAM, NOISE_STREAM, SHUFFLE_STREAM, WINDOW_STREAM = -1, -2, -3, -4, -5, -6
 EVAL_ITERATION = -1
+BASE_EVAL_FILE = "base_eval.json"
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -105,16 +108,23 @@ class Trainer:
         self.version = 0  # policy version: successful updates so far
         self.counters = {"fp_sample_steps": 0, "lp_sample_steps": 0, "skipped_updates": 0}
         self.history: list[dict[str, Any]] = []
+        self.base_eval: dict[str, float] = {}
         self.publish()
 
     # ---- the sampling policy -------------------------------------------------------------------
     def publish(self) -> float:
-        """Copy the sampling policy's merged weights into the low-precision engine; seconds spent."""
+        """Copy the sampling policy's merged weights into the low-precision engine (or hand them to the
+        `publish` callback); seconds spent. Raises `learner.checkpoint.NonFiniteWeights`, publishing
+        nothing, when a weight is NaN or ±inf: explorers must never rank with a broken policy."""
         start = time.perf_counter()
+        if self._publish is None and self.engine is None:
+            return time.perf_counter() - start
+        weights = self.state.sampling_weights()
+        check_finite(weights, f"publish: refusing to publish a non-finite sampling policy (version {self.version})")
         if self._publish is not None:
-            self._publish(self.state.sampling_weights(), self.version)
+            self._publish(weights, self.version)
         if self.engine is not None:
-            load_weights(self.engine, self.state.sampling_weights())
+            load_weights(self.engine, weights)
         return time.perf_counter() - start
 
     def prompts_for(self, iteration: int) -> list[str]:
@@ -335,16 +345,64 @@ class Trainer:
             result["eval_accuracy"] = float(torch.cat(accuracy).mean())
         return result
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _grid_numerics() -> Iterator[None]:
+        """The fixed numeric setting of `sample_images`: one CPU thread; on CUDA no TF32, no reduced-
+        precision reductions, deterministic cuDNN without autotuning. The previous settings return."""
+        cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        flags = [(cuda, "allow_tf32", False), (cuda, "allow_fp16_reduced_precision_reduction", False),
+                 (cuda, "allow_bf16_reduced_precision_reduction", False), (cudnn, "allow_tf32", False),
+                 (cudnn, "deterministic", True), (cudnn, "benchmark", False)]
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in flags]
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            for owner, name, value in flags:
+                setattr(owner, name, value)
+            yield
+        finally:
+            torch.set_num_threads(threads)
+            for owner, name, value in saved:
+                setattr(owner, name, value)
+
+    def _plain_transformer(self, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+        """A transformer of the policy's class and config, without adapters, holding `weights` (shared,
+        not copied; made on the meta device first, so nothing is initialised and no RNG is drawn)."""
+        template = self.state.transformer
+        with torch.device("meta"):
+            model = type(template).from_config(template.config)
+        model.load_state_dict({k: v.detach().contiguous() for k, v in weights.items()}, strict=True, assign=True)
+        own = dict(template.named_buffers())
+        for name, buffer in list(model.named_buffers()):
+            if buffer.is_meta:  # a non-persistent buffer is in no state dict: take the policy's own
+                module, _, attribute = name.rpartition(".")
+                model.get_submodule(module).register_buffer(attribute, own[name], persistent=False)
+        return model.eval().requires_grad_(False)
+
     @torch.no_grad()
     def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
-        """Held-out prompts × fixed seeds with θ, full precision: images [P·S, C, H, W] (a grid's rows)."""
-        prompts = [p for p in self.eval_prompts for _ in range(seeds_per_prompt)]
+        """Held-out prompts × fixed seeds with θ, full precision: images [P·S, C, H, W] (a grid's rows).
+
+        A pure function of θ's merged weights and the config, whatever this process did before (a
+        resumed run's grid is the undisturbed run's, byte for byte): θ is merged into a plain
+        transformer — the weights final/transformer.safetensors holds — each prompt is encoded on its
+        own rather than through the policy's prompt cache (a cached encoding depends on the batch the
+        prompt first came in, and CLIP's pooled output differs in the last bit between batch sizes and
+        thread counts), and all of it runs in `_grid_numerics`. The global RNG is not drawn from.
+        """
         seeds = [s for slot in range(len(self.eval_prompts))
                  for s in derive_seeds(self.seed, EVAL_ITERATION, 1000 + slot, seeds_per_prompt)]
-        cfg = self.config.sampler
-        with self.state.use("theta") as model:
-            x0 = self.policy.sample(prompts, seeds, steps=cfg.steps, solver=cfg.solver, transformer=model).x0
-        return self.policy.decode(x0)
+        cfg, policy = self.config.sampler, self.policy
+        model = self._plain_transformer(self.state.merged_weights("theta"))
+        with self._grid_numerics():
+            encoded = [policy.family.encode(policy.components, [prompt]) for prompt in self.eval_prompts]
+            cond = {k: torch.cat([e[k] for e in encoded]).repeat_interleave(seeds_per_prompt, dim=0)
+                    for k in encoded[0]}
+            noise = initial_noise(seeds, policy.latent_shape, device=policy.device)
+            x0 = sample_ode(lambda x, sigma: policy.velocity(x, sigma, cond, transformer=model), noise,
+                            policy.sigmas(cfg.steps).to(policy.device), cfg.solver).x0
+            return policy.decode(x0)
 
     # ---- the loop, checkpoints -----------------------------------------------------------------
     def checkpoint(self) -> None:
@@ -352,12 +410,28 @@ class Trainer:
             save_checkpoint(self.run_dir / "checkpoint", self.state, iteration=self.iteration,
                             extra={"version": self.version, "counters": self.counters})
 
-    def resume(self) -> None:
-        """Continue from run_dir/checkpoint: bitwise the same continuation as not stopping (on CPU)."""
-        info = load_checkpoint(self.run_dir / "checkpoint", self.state)
+    def resume(self, checkpoint: str | Path | None = None) -> None:
+        """Continue from run_dir/checkpoint (or the folder given): bitwise the same continuation as not
+        stopping (on CPU). The run's history comes back with it: metrics.jsonl is cut to the
+        checkpoint's iteration (lines logged after it are redone) and the base evaluation is reloaded."""
+        folder = Path(checkpoint) if checkpoint is not None else self.run_dir / "checkpoint"
+        info = load_checkpoint(folder, self.state)
         self.iteration, self.version = info["iteration"], info["extra"]["version"]
         self.counters = dict(info["extra"]["counters"])
+        self.history = truncate_metrics(self.run_dir / "metrics.jsonl", self.iteration)
+        base = self.run_dir / BASE_EVAL_FILE
+        self.base_eval = json.loads(base.read_text()) if base.is_file() else {}
         self.publish()
+
+    def evaluate_base(self) -> dict[str, float]:
+        """The base model's held-out reward, before any update; kept in run_dir for resumed runs."""
+        if self.version != 0:
+            raise RuntimeError(f"the base model is version 0; this trainer holds version {self.version}")
+        self.base_eval = self.evaluate()
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / BASE_EVAL_FILE).write_text(json.dumps(self.base_eval) + "\n")
+        return self.base_eval
 
     def finish_iteration(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """After an update: count it, evaluate when due, log, checkpoint when due."""
@@ -380,15 +454,19 @@ class Trainer:
 
     def save_final(self, folder: Path) -> dict[str, str]:
         """The trained policy θ (merged into plain transformer keys) and the sampling policy θ_old,
-        as safetensors, with the run's config as JSON."""
-        from safetensors.torch import save_file
-
+        as safetensors, with the run's config as JSON. The files' metadata ({"iteration",
+        "policy_version"}, read with `learner.checkpoint.safetensors_metadata`) is written so that
+        equal weights give equal bytes. Raises `learner.checkpoint.NonFiniteWeights`, writing
+        nothing, when either view holds NaN or ±inf."""
+        views = {"theta": "transformer.safetensors", "old": "sampling_transformer.safetensors"}
+        weights = {view: self.state.merged_weights(view) for view in views}
+        for view, tensors in weights.items():
+            check_finite(tensors, f"save_final: refusing to write non-finite {view} weights to {folder}")
         folder.mkdir(parents=True, exist_ok=True)
         files = {}
-        for view, name in (("theta", "transformer.safetensors"), ("old", "sampling_transformer.safetensors")):
-            weights = {k: v.detach().contiguous().cpu() for k, v in self.state.merged_weights(view).items()}
-            save_file(weights, str(folder / name), metadata={"iteration": str(self.iteration),
-                                                            "policy_version": str(self.version)})
+        for view, name in views.items():
+            write_safetensors(folder / name, weights[view], {"iteration": self.iteration,
+                                                             "policy_version": self.version})
             files[view] = str(folder / name)
         (folder / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         return files
@@ -398,6 +476,26 @@ class Trainer:
         while self.iteration < total:
             log(progress_line(self.finish_iteration(self.train_iteration(self.iteration))))
         return self.history
+
+
+def truncate_metrics(path: Path, iteration: int) -> list[dict[str, Any]]:
+    """Keep the metrics of iterations before `iteration` (what a checkpoint at `iteration` covers):
+    the file is rewritten atomically; returns the kept records. A torn last line (a crash mid-write)
+    is dropped."""
+    if not path.is_file():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("iteration", iteration) < iteration:
+            kept.append(record)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+    return kept
 
 
 def progress_line(m: dict[str, Any]) -> str:

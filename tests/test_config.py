@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -36,6 +38,79 @@ def test_bad_config_fails_naming_the_field(override, message):
 def test_missing_preset_is_named():
     with pytest.raises(ConfigError, match=r"config file nowhere\.yaml does not exist"):
         load_config("nowhere.yaml")
+
+
+def _one_line_error(path, overrides=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides))
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def test_yaml_syntax_errors_name_the_file_line_and_column_in_one_line(tmp_path):
+    preset = tmp_path / "x.yaml"
+    preset.write_text("run:\n  seed: 0\nexplore:\n  steps: 6\n  solver: [euler\n  precision: fp8\n")
+    assert re.fullmatch(r"\S+/x\.yaml line 6, column 12: expected ',' or '\]', but got ':' \(while parsing a flow "
+                        r"sequence from line 5\); fix the YAML syntax there", _one_line_error(preset))
+    preset.write_text("run:\n  seed: 0\n   name: x\n")
+    assert re.fullmatch(r"\S+/x\.yaml line 3, column 8: mapping values are not allowed here; fix the YAML syntax "
+                        r"there", _one_line_error(preset))
+    assert "<unicode string>" not in _one_line_error(preset)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("explore.steps=[1,", r"--set explore\.steps=\[1,: expected the node content, but found '<stream end>' "
+                              r"\(while parsing a flow node\); quote the value or fix its syntax"),
+        ('run.name="abc', r"--set run\.name=\"abc: found unexpected end of stream \(while scanning a quoted "
+                          r"scalar\); quote the value or fix its syntax"),
+        ("reward.weights={a: 1", r"--set reward\.weights=\{a: 1: expected ',' or '\}', but got '<stream end>' "
+                                 r"\(while parsing a flow mapping\); quote the value or fix its syntax"),
+    ],
+)
+def test_yaml_syntax_errors_in_a_set_value_are_one_line(override, message):
+    assert re.fullmatch(message, _one_line_error("configs/embedded.yaml", [override]))
+
+
+def test_invalid_values_in_a_preset_name_the_line_of_their_key(tmp_path):
+    preset = tmp_path / "x.yaml"
+    preset.write_text("run:\n  seed: 0\nexplore:\n  precision: fp8\n  steps: 0\nprompts:\n  keep: 30\n"
+                      "  candidates: 24\n")
+    assert _one_line_error(preset) == f"{preset} line 5: explore.steps: Input should be greater than or equal to 1 " \
+                                      "(given 0)"
+    assert _one_line_error(preset, ["explore.steps=2"]) == (
+        f"{preset} line 7: prompts.keep (30) must be <= prompts.candidates (24): keep is how many of the candidates "
+        "are regenerated")
+    # A value given with --set is named by the field the user typed, not by a line of the preset it replaced.
+    assert _one_line_error(preset, ["explore.steps=-1", "prompts.keep=3"]) == (
+        "explore.steps: Input should be greater than or equal to 1 (given -1)")
+    preset.write_text("explore:\n  stepz: 3\n")
+    assert _one_line_error(preset) == f"{preset} line 2: explore.stepz: unknown field (given 3); check the spelling " \
+                                      "against the docs"
+
+
+def test_several_problems_are_joined_into_one_line_and_the_tree_is_never_printed():
+    message = _one_line_error("configs/embedded.yaml", ["explore.stepz=3", "sampler.steps=0"])
+    assert message.split("; ", 1)[0] == "sampler.steps: Input should be greater than or equal to 1 (given 0)"
+    assert "explore.stepz: unknown field (given 3)" in message
+    message = _one_line_error("configs/embedded.yaml", ["prompts.candidates=8"])
+    assert message == ("configs/embedded.yaml line 29: prompts.keep (24) must be <= prompts.candidates (8): keep is "
+                       "how many of the candidates are regenerated")
+    assert "{" not in message and "invalid configuration" not in message
+
+
+def test_a_preset_that_is_a_folder_or_not_a_mapping_is_refused(tmp_path):
+    assert _one_line_error(tmp_path) == (f"config file {tmp_path} is a directory; name a YAML preset, e.g. "
+                                         "configs/embedded.yaml")
+    (tmp_path / "list.yaml").write_text("- run\n- model\n")
+    assert _one_line_error(tmp_path / "list.yaml") == (f"{tmp_path / 'list.yaml'}: the top level must be a mapping of "
+                                                       "sections (given a list)")
+    (tmp_path / "latin1.yaml").write_bytes(b"run:\n  name: caf\xe9\n")
+    assert _one_line_error(tmp_path / "latin1.yaml") == (f"config file {tmp_path / 'latin1.yaml'} is not UTF-8 text "
+                                                         "(byte 0xe9 at line 2); save it as UTF-8")
+    (tmp_path / "comments.yaml").write_text("# nothing but a comment\n")
+    assert load_config(tmp_path / "comments.yaml").run.name == "embedded"
 
 
 def test_explore_engine_follows_the_family_skip_list_and_min_dim(embedded_policy):

@@ -1,58 +1,128 @@
-"""`ray job submit` against a running head: the embedded job runs to SUCCEEDED and leaves its files."""
+"""`ray job submit` against a head started as the README says: token authentication on (Ray 2.60's
+default), the virtualenv first on PATH (so the job's `python` is the project's), the job runs to
+SUCCEEDED and leaves its files in the absolute run directory; a relative one is refused.
+
+The head is this test's own: its own temporary folder, free ports, its own process group — stopped by
+signalling exactly that group, never `ray stop` (which would stop every Ray on the machine).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+pytestmark = pytest.mark.ray
+
 REPO = Path(__file__).resolve().parents[1]
-RAY = str(Path(sys.executable).with_name("ray"))
+VENV_BIN = Path(sys.executable).parent
+RAY = str(VENV_BIN / "ray")
 SETS = ["run.iterations=2", "prompts.per_iteration=2", "prompts.candidates=16", "prompts.keep=4",
         "sampler.steps=4", "explore.steps=3", "eval.every=1", "eval.prompts=2", "eval.seeds_per_prompt=2",
         "cluster.explorers.num_cpus=0.5", "cluster.learner.num_cpus=0.5"]
+PORT_FLAGS = ["--port", "--dashboard-port", "--ray-client-server-port", "--dashboard-agent-listen-port",
+              "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port",
+              "--node-manager-port", "--object-manager-port"]
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    alive = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return alive
 
 
 @pytest.fixture
 def ray_head():
-    # A private local head on 127.0.0.1 without token authentication (Ray 2.60 enables it for clusters
-    # that in-process ray.init starts; `ray start` and `ray job submit` must agree, so both say disabled).
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    ports = ["--port", "6391", "--dashboard-host", "127.0.0.1", "--dashboard-port", "8291"]
-    started = subprocess.run([RAY, "start", "--head", *ports, "--num-cpus", "2", "--disable-usage-stats",
-                              "--temp-dir", temp], env=env, timeout=180, capture_output=True, text=True)
-    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+    token = Path(temp) / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0",
+           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # what `source .venv/bin/activate` does
+    env.pop("RAY_ADDRESS", None)
+    ports = free_ports(len(PORT_FLAGS))
+    flags = [x for flag, port in zip(PORT_FLAGS, ports, strict=True) for x in (flag, str(port))]
+    log = open(Path(temp) / "head.log", "w")  # noqa: SIM115 (closed in the finally below)
+    head = subprocess.Popen([RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+                             "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--disable-usage-stats",
+                             "--temp-dir", temp, *flags], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
-        yield "http://127.0.0.1:8291", env
+        deadline = time.time() + 180
+        while "will now block" not in (Path(temp) / "head.log").read_text():
+            assert head.poll() is None and time.time() < deadline, (Path(temp) / "head.log").read_text()[-3000:]
+            time.sleep(1)
+        yield f"http://127.0.0.1:{ports[1]}", env
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, timeout=120, capture_output=True)
+        os.killpg(head.pid, signal.SIGTERM)
+        deadline = time.time() + 20
+        while group_members(head.pid) and time.time() < deadline:
+            time.sleep(1)
+        if group_members(head.pid):  # `ray start --block` shuts down slowly; the rest gets SIGKILL
+            os.killpg(head.pid, signal.SIGKILL)
+            time.sleep(2)
+        head.wait(timeout=30)
+        log.close()
+        left = group_members(head.pid)
         shutil.rmtree(temp, ignore_errors=True)
+        assert not left, f"processes of the test's Ray left behind: {[p.pid for p in left]}"
 
 
-def test_ray_job_submit_runs_the_embedded_job(ray_head, tmp_path):
-    address, env = ray_head
-    run_dir = tmp_path / "run"
-    sets = [arg for item in SETS for arg in ("--set", item)]
-    result = subprocess.run(
+def submit(address: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [RAY, "job", "submit", "--address", address, "--working-dir", str(REPO),
-         "--runtime-env", str(REPO / "cluster" / "runtime_env.yaml"), "--",
-         sys.executable, "-m", "cluster.launch", "--config", "configs/embedded.yaml", "--run-dir", str(run_dir),
-         *sets],
-        env=env, timeout=900, capture_output=True, text=True, cwd=REPO,
-    )
+         "--runtime-env", str(REPO / "cluster" / "runtime_env.yaml"), "--", "python", "-m", "cluster.launch", *args],
+        env=env, timeout=900, capture_output=True, text=True, cwd=REPO)
+
+
+def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, tmp_path):
+    address, env = ray_head
+    without_token = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
+    refused = subprocess.run([RAY, "job", "list", "--address", address], env={**without_token, "HOME": str(tmp_path)},
+                             timeout=120, capture_output=True, text=True)
+    assert refused.returncode != 0 and "Authentication required" in refused.stdout + refused.stderr
+
+    relative = submit(address, env, "--config", "configs/embedded.yaml", "--run-dir", "runs/lost")
+    output = relative.stdout + relative.stderr
+    assert relative.returncode != 0, output[-3000:]
+    assert "inside a Ray job it would land in Ray's temporary copy" in output, output[-3000:]
+
+    run_dir = tmp_path / "run"
+    result = submit(address, env, "--config", "configs/embedded.yaml", "--run-dir", str(run_dir),
+                    *[arg for item in SETS for arg in ("--set", item)])
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "succeeded" in output.lower(), output[-4000:]
-    for name in ("config.yaml", "metrics.jsonl", "summary.json", "samples.png", "reward_curve.png",
+    assert output.count(f"run directory: {run_dir}") == 2  # at the start and at the end
+    for name in ("config.yaml", "launches.jsonl", "metrics.jsonl", "summary.json", "samples.png", "reward_curve.png",
                  "final/transformer.safetensors", "final/sampling_transformer.safetensors", "checkpoint/meta.json"):
         assert (run_dir / name).is_file(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["iterations"] == 2 and "eval_reward" in summary["last_eval"]
+    assert summary["run_dir"] == str(run_dir) and summary["final"]["theta"] == str(run_dir / "final" /
+                                                                                   "transformer.safetensors")

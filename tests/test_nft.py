@@ -17,7 +17,19 @@ def test_best_worst_keeps_the_extremes_in_order():
     proxy = torch.tensor([0.5, 3.0, -1.0, 2.0, 0.0, -2.0, 1.0, 2.0])
     chosen = select_candidates(proxy, 4, "best_worst")
     assert chosen.tolist() == [1, 3, 5, 2]  # top 2 (ties by index: 3 before 7), then bottom 2 ascending
-    assert select_candidates(proxy, 5, "best_worst").tolist() == [1, 3, 7, 5, 2]
+
+
+@pytest.mark.parametrize(
+    ("k", "expected"),
+    [
+        (3, [1, 5, 2]),  # 1 best, 2 worst
+        (5, [1, 3, 5, 2, 4]),  # 2 best, 3 worst: the extra seed goes to the worst group, as the official code
+        (7, [1, 3, 7, 5, 2, 4, 0]),  # 3 best, 4 worst
+    ],
+)
+def test_best_worst_gives_an_odd_keeps_extra_seed_to_the_worst_group(k, expected):
+    proxy = torch.tensor([0.5, 3.0, -1.0, 2.0, 0.0, -2.0, 1.0, 2.0])
+    assert select_candidates(proxy, k, "best_worst").tolist() == expected
 
 
 def test_mean_deviation_and_random_modes():

@@ -299,8 +299,9 @@ def test_checkpoint_files_and_overwrite(base, cond, tmp_path):
     train_step(state, base, cond)
     target = tmp_path / "ckpt"
     save_checkpoint(target, state, iteration=1, extra={})
-    save_checkpoint(target, state, iteration=2, extra={"a": [1, 2]})  # replaces the first one
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    save_checkpoint(target, state, iteration=2, extra={"a": [1, 2]})  # replaces the first one, kept beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "ckpt.previous"]
+    assert json.loads((tmp_path / "ckpt.previous" / "meta.json").read_text())["iteration"] == 1
     files = list(target.rglob("*"))
     assert files and all(p.is_file() and p.suffix in {".safetensors", ".json"} for p in files)
     meta = json.loads((target / "meta.json").read_text())
@@ -333,8 +334,8 @@ def test_interrupted_save_still_loads(base, cond, tmp_path):
     state = make_state(base)
     target = tmp_path / "ckpt"
     save_checkpoint(target, state, iteration=1, extra={})
-    # Died between the renames: the old checkpoint is at ckpt.old, the new complete one at ckpt.tmp.
-    target.rename(tmp_path / "ckpt.old")
+    # Died between the renames: the old checkpoint is at ckpt.previous, the new complete one at ckpt.tmp.
+    target.rename(tmp_path / "ckpt.previous")
     save_checkpoint(tmp_path / "other", state, iteration=2, extra={})
     (tmp_path / "other").rename(tmp_path / "ckpt.tmp")
     with pytest.warns(UserWarning, match="interrupted"):
@@ -344,5 +345,5 @@ def test_interrupted_save_still_loads(base, cond, tmp_path):
     with pytest.warns(UserWarning, match="interrupted"):
         assert load_checkpoint(target, state)["iteration"] == 1
     save_checkpoint(target, state, iteration=3, extra={})  # the next save cleans up
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "ckpt.previous"]
     assert load_checkpoint(target, state)["iteration"] == 3

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 
 import pytest
 import ray
@@ -13,6 +15,8 @@ from weight_sync.codecs import CorruptSnapshot, Manifest, decode, encode, payloa
 from weight_sync.publisher import WeightPublisher
 from weight_sync.service import WeightSyncService, start_services
 from weight_sync.subscriber import WeightSubscriber, merge_lora
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Source actor below
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -96,7 +100,7 @@ def test_service_versions_are_monotonic_and_old_ones_are_released(local_ray):
 
 
 def test_publish_fetch_and_restart_on_a_real_cluster(local_ray, restart_sync_service):
-    services = start_services(keep=2)
+    services = start_services(keep=2, tag="restart")
     (node, service), = services.items()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 16))
@@ -117,31 +121,61 @@ def test_publish_fetch_and_restart_on_a_real_cluster(local_ray, restart_sync_ser
     assert ray.get(service.version.remote()) == 1
 
 
-def test_concurrent_publish_and_fetch_never_tear(local_ray):
-    services = start_services(keep=2)
-    service = next(iter(services.values()))
-    publisher = WeightPublisher(services, "dense")
-    base = 100
-    errors: list[str] = []
+class Source:
+    """Publishes the way the learner actor does: the services pull each snapshot from this actor."""
 
-    def reader() -> None:
-        seen = -1
-        for _ in range(60):
+    def __init__(self, services) -> None:
+        self.publisher = WeightPublisher(services, "dense", source=ray.get_runtime_context().current_actor)
+
+    def publish(self, version: int) -> None:
+        self.publisher.publish({f"w{i}": torch.full((256, 64), float(version) + i) for i in range(4)}, version)
+
+    def snapshot(self, version: int):
+        return self.publisher.snapshot(version)
+
+
+def test_concurrent_publish_and_fetch_never_tear(local_ray):
+    """Two readers fetch whole snapshots while an actor publishes 40 versions: every tensor of every
+    snapshot read belongs to the version it claims, versions never go back, and each reader saw at
+    least 10 different versions while the publishes ran (so it really read concurrently)."""
+    services = start_services(keep=2, tag="torn")
+    service = next(iter(services.values()))
+    source = ray.remote(max_concurrency=2, num_cpus=0)(Source).remote(services)
+    first, last = 100, 139
+    errors: list[str] = []
+    seen: list[set[int]] = [set(), set()]
+    publishing = threading.Event()
+    publishing.set()
+
+    def reader(index: int) -> None:
+        newest = -1
+        while publishing.is_set():
             version, manifest, refs = ray.get(service.latest.remote(-1))
             if manifest is None:
                 continue
             state = decode(ray.get(refs[0]), Manifest.from_json(manifest))  # verifies every checksum
-            values = {float(t.flatten()[0]) for t in state.values()}
-            if values != {float(version)} or version < seen:
-                errors.append(f"v{version}: {values}")
-            seen = version
+            expected = {f"w{i}": torch.full((256, 64), float(version) + i) for i in range(4)}
+            if state.keys() != expected.keys() or not all(torch.equal(state[k], expected[k]) for k in expected):
+                errors.append(f"v{version}: a snapshot mixing versions")
+            if version < newest:
+                errors.append(f"v{version} after v{newest}")
+            newest = version
+            if version < last:  # read while publishes were still to come
+                seen[index].add(version)
 
-    threads = [threading.Thread(target=reader) for _ in range(2)]
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    for version in range(base, base + 40):
-        publisher.publish({f"w{i}": torch.full((256, 64), float(version)) for i in range(4)}, version=version)
-    for t in threads:
-        t.join()
+    try:
+        for version in range(first, last + 1):
+            ray.get(source.publish.remote(version))
+            time.sleep(0.05)  # room for the readers between publishes
+    finally:
+        publishing.clear()
+        for t in threads:
+            t.join()
     assert not errors, errors[:3]
-    assert ray.get(service.version.remote()) == base + 39
+    assert all(len(s) >= 10 for s in seen), [len(s) for s in seen]
+    assert ray.get(service.version.remote()) == last
+    for actor in [source, *services.values()]:
+        ray.kill(actor, no_restart=True)

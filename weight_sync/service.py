@@ -63,6 +63,15 @@ class WeightSyncService:
             manifest, ref = self._snapshots[newest]
         return newest, manifest, [ref]  # in a list, so Ray hands over the reference, not the arrays
 
+    def get(self, version: int) -> tuple[dict | None, list[ray.ObjectRef]]:
+        """Snapshot `version` if still held (the newest `keep`), else (None, []): async explorers load
+        exactly the version they were asked for, even after a newer one arrived."""
+        with self._lock:
+            if version not in self._snapshots:
+                return None, []
+            manifest, ref = self._snapshots[version]
+        return manifest, [ref]
+
     def version(self) -> int:
         with self._lock:
             return max(self._snapshots, default=-1)
@@ -72,12 +81,15 @@ class WeightSyncService:
             return {"versions": sorted(self._snapshots), "node": ray.get_runtime_context().get_node_id()}
 
 
-def service_name(node_id: str) -> str:
-    return f"solrl_weight_sync_{node_id[:16]}"
+def service_name(node_id: str, tag: str = "") -> str:
+    return f"solrl_weight_sync_{tag + '_' if tag else ''}{node_id[:16]}"
 
 
-def start_services(keep: int = 2) -> dict[str, Any]:
-    """One WeightSyncService per alive node, pinned to it (soft affinity would let it wander)."""
+def start_services(keep: int = 2, tag: str = "") -> dict[str, Any]:
+    """One WeightSyncService per alive node, pinned to it (soft affinity would let it wander).
+
+    `tag` makes the names private to one job: a job never picks up another's (or a crashed test's)
+    service and its newer versions. Actors receive the handles; the names are for the dashboard."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=16)(WeightSyncService)
@@ -87,7 +99,7 @@ def start_services(keep: int = 2) -> dict[str, Any]:
             continue
         node_id = node["NodeID"]
         handles[node_id] = actor.options(
-            name=service_name(node_id),
+            name=service_name(node_id, tag),
             get_if_exists=True,
             lifetime=None,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),

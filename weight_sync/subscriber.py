@@ -40,10 +40,26 @@ class WeightSubscriber:
         self.version = -1
 
     def poll(self) -> dict[str, float] | None:
+        """Load the service's newest snapshot if it is newer than the one held; its info, else None."""
         start = time.perf_counter()
         version, manifest_json, refs = ray.get(self.service.latest.remote(self.version))
         if manifest_json is None:
             return None
+        return self._load(version, manifest_json, refs, start)
+
+    def fetch(self, version: int) -> dict[str, float] | None:
+        """Load exactly `version` (newer or older than the one held) if the service still keeps it."""
+        start = time.perf_counter()
+        manifest_json, refs = ray.get(self.service.get.remote(version))
+        if manifest_json is None:
+            return None
+        return self._load(version, manifest_json, refs, start)
+
+    def newest(self) -> int:
+        """The newest version the service holds (-1: none)."""
+        return ray.get(self.service.version.remote())
+
+    def _load(self, version: int, manifest_json: dict, refs: list, start: float) -> dict[str, float] | None:
         manifest = Manifest.from_json(manifest_json)
         try:
             arrays = ray.get(refs[0])  # zero-copy, read-only views into the node's object store

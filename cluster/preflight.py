@@ -1,0 +1,88 @@
+"""Checks of the user's inputs (files, folders, cross-field rules) that run before Ray starts.
+
+Each would otherwise surface 20–50 s later inside an actor, at the bottom of an ActorDiedError. Only
+safetensors headers and small text files are read here, never weights, so a multi-GB model folder
+costs about as much to check as importing diffusers and transformers (to look its classes up).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cluster.config import ConfigError, SolRLConfig, check_cross_fields
+from diffusion.loading import check_model_folder, check_safetensors
+from diffusion.prompts import load_prompts
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _check_prompts(config: SolRLConfig) -> None:
+    prompts = config.prompts
+    for field, source in (("prompts.source", prompts.source), ("prompts.eval_source", prompts.eval_source)):
+        if source == "embedded":
+            continue
+        try:
+            load_prompts(source)
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            raise ConfigError(_one_line(f"{field}: {exc}")) from None
+
+
+def _check_model(config: SolRLConfig) -> None:
+    if config.model.path == "embedded":
+        return  # committed with the repository, and loaded by the test suite
+    try:
+        check_model_folder(config.model.folder())
+    except (OSError, ValueError, NotImplementedError) as exc:
+        raise ConfigError(_one_line(f"model.path: {exc}")) from None
+
+
+def _check_reward(config: SolRLConfig, notes: list[str]) -> None:
+    folder = config.reward.digit_classifier_path
+    if folder is None:
+        return
+    if "digit_alignment" not in config.reward.weights:
+        notes.append(f"reward.digit_classifier_path={folder} is ignored: digit_alignment is not in reward.weights")
+        return
+    from rewards.digit_classifier import CONFIG_FILE, FORMAT, REBUILD_COMMAND, WEIGHTS_FILE
+
+    field = "reward.digit_classifier_path"
+    path = Path(folder)
+    if not path.is_dir():
+        what = "is a file" if path.exists() else "does not exist"
+        raise ConfigError(f"{field}: {path} {what}; name the folder holding {CONFIG_FILE} and {WEIGHTS_FILE} "
+                          f"(null: the committed classifier), or build one with `{REBUILD_COMMAND} --out {path}`")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (path / name).is_file():
+            raise ConfigError(f"{field}: {path} has no {name}; rebuild it with `{REBUILD_COMMAND} --out {path}`")
+    try:
+        saved = json.loads((path / CONFIG_FILE).read_text(encoding="utf-8"))
+        fmt = saved.get("format") if isinstance(saved, dict) else None
+        if fmt != FORMAT:
+            raise ValueError(f"{path / CONFIG_FILE} is not a {FORMAT} config (format {fmt!r})")
+        check_safetensors(path / WEIGHTS_FILE)
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(_one_line(f"{field}: {exc}")) from None
+
+
+def _selection_notes(config: SolRLConfig) -> list[str]:
+    keep = config.prompts.keep
+    # keep == candidates keeps every seed: there is no split to speak of.
+    if keep % 2 and keep < config.prompts.candidates and config.learner.selection == "best_worst":
+        return [f"prompts.keep={keep} is odd: best_worst keeps the {keep // 2} best and {keep - keep // 2} worst "
+                "seeds per prompt (as the official code)"]
+    return []
+
+
+def check_inputs(config: SolRLConfig) -> list[str]:
+    """Raise ConfigError (one line: file/field, what is wrong, the fix) on the first bad input;
+    return notes for the log (accepted but worth saying)."""
+    # Validation already ran these, but a config built with model_copy(update=...) skipped them.
+    check_cross_fields(config)
+    _check_prompts(config)
+    notes: list[str] = []
+    _check_reward(config, notes)
+    _check_model(config)  # last: the only check that may import diffusers and transformers
+    return notes + _selection_notes(config)

@@ -1,0 +1,59 @@
+"""Dashboard metrics, scraped from the node's Prometheus endpoint of a cluster of this test's own
+(no other job's series can mix in), checked for their values, not only their names."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections import defaultdict
+
+import pytest
+import ray
+
+from cluster import driver
+from cluster.config import load_config
+
+pytestmark = pytest.mark.ray
+
+ITERATIONS, PROMPTS, CANDIDATES = 2, 2, 8
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every ray_solrl_* series, summed over its labels (one series per reporting process)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        if line.startswith("ray_solrl_"):
+            values[line.split("{")[0].split(" ")[0]] += float(line.rsplit(" ", 1)[1])
+    return dict(values)
+
+
+def test_dashboard_metrics_carry_the_runs_values(tmp_path):
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        cfg = load_config("configs/embedded.yaml", [
+            f"prompts.per_iteration={PROMPTS}", f"prompts.candidates={CANDIDATES}", "prompts.keep=4",
+            "sampler.steps=3", "explore.steps=2", "eval.every=0", "training.lora_rank=4", "training.lora_alpha=8",
+            f"run.iterations={ITERATIONS}", "cluster.explorers.num_cpus=0.5", "cluster.learner.num_cpus=0.5",
+            "cluster.explorers.threads=1", "cluster.learner.threads=1"])
+        job, history = driver.run(cfg, str(tmp_path / "metrics"), log=lambda _: None)
+        driver.stop(job)
+        port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
+        wanted = {"ray_solrl_policy_version": ITERATIONS,
+                  "ray_solrl_explored_candidates_total": ITERATIONS * PROMPTS * CANDIDATES}
+        deadline, values = time.time() + 60, {}
+        while time.time() < deadline:  # metrics reach the endpoint every few seconds
+            values = scrape(port)
+            if all(values.get(k) == v for k, v in wanted.items()) and "ray_solrl_weight_syncs_total" in values:
+                break
+            time.sleep(2)
+    finally:
+        ray.shutdown()
+    for name, value in wanted.items():
+        assert values.get(name) == value, (name, values.get(name), sorted(values))
+    assert values["ray_solrl_weight_syncs_total"] >= ITERATIONS  # versions 0, 1 loaded (2 is never needed)
+    assert values["ray_solrl_reward_mean"] == pytest.approx(history[-1]["reward_mean"], rel=1e-6)
+    assert values["ray_solrl_train_seconds"] == pytest.approx(history[-1]["train_s"], rel=1e-6)
+    assert 0 <= values["ray_solrl_learner_idle_fraction"] <= 1
+    assert values["ray_solrl_rank_spearman"] == pytest.approx(history[-1]["rank_spearman"], rel=1e-6)
+    assert values.get("ray_solrl_skipped_updates_total", 0) == 0
