@@ -31,8 +31,8 @@ from learner.rollouts import RankedGroup
 class InstantExplorer:
     """Answers every slot at once with a fixed 96-candidate group (no model): driver overhead only."""
 
-    def explore(self, iteration: int, slot: int, prompt: str, min_version: int) -> RankedGroup:
-        return RankedGroup(iteration, slot, prompt, list(range(96)), torch.zeros(96), min_version)
+    def explore(self, iteration: int, slot: int, prompt: str, version: int) -> RankedGroup:
+        return RankedGroup(iteration, slot, prompt, list(range(96)), torch.zeros(96), version)
 
 
 def records_per_second(slots: int = 2000, explorers: int = 2) -> float:

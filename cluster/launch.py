@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from cluster.config import ConfigError, SolRLConfig, load_config
+from cluster.local_ray import LocalRay, reap_orphans
 from cluster.preflight import check_inputs
 
 SEEDS_PER_PROMPT = 6
@@ -117,9 +116,9 @@ def resolve(args: argparse.Namespace) -> Plan:
     return Plan(config, run_dir, notes=notes)
 
 
-def connect(config: SolRLConfig) -> str | None:
-    """Join the cluster named by the config or RAY_ADDRESS, else start a local one in a temporary folder of
-    its own; returns that folder (None when joining)."""
+def connect(config: SolRLConfig) -> LocalRay | None:
+    """Join the cluster named by the config or RAY_ADDRESS, else start a local one of its own (None when
+    joining)."""
     import ray
 
     address = config.cluster.address or os.environ.get("RAY_ADDRESS")
@@ -130,11 +129,8 @@ def connect(config: SolRLConfig) -> str | None:
     c = config.cluster
     gpus = c.learner.num_gpus + c.explorers.num_gpus * c.explorers.count
     cpus = c.learner.num_cpus + c.explorers.num_cpus * c.explorers.count
-    # Short (Ray's socket paths must fit in 107 bytes) and private: never mixed with a `ray start` cluster.
-    temp = tempfile.mkdtemp(prefix="solrl-ray-", dir="/tmp")
-    ray.init(num_cpus=max(2, int(cpus + 0.999)), num_gpus=int(gpus + 0.999), runtime_env=env,
-             dashboard_host="127.0.0.1", log_to_driver=True, _temp_dir=temp)
-    return temp
+    return LocalRay.start(num_cpus=max(2, int(cpus + 0.999)), num_gpus=int(gpus + 0.999), runtime_env=env,
+                          dashboard_host="127.0.0.1", log_to_driver=True)
 
 
 def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, iteration: int) -> None:
@@ -186,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --resume: the checkpoint to continue from (the last two are kept)")
     parser.add_argument("--keep-ray-logs", action="store_true", help="keep a local Ray's folder after a clean run")
     args = parser.parse_args(argv)
+    for note in reap_orphans():
+        print(f"note: {note}")
     try:
         plan = resolve(args)  # every user error surfaces here, before Ray starts and before any file is written
     except ConfigError as exc:
@@ -198,16 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     config, run_dir = plan.config, plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    import ray
-
     from cluster import driver
 
     signal.signal(signal.SIGTERM, _terminate)
     print(f"run directory: {run_dir}  ({config.cluster.explorers.count} explorer(s), {config.cluster.mode} mode)")
-    temp, clean = connect(config), False
+    local, clean = connect(config), False
+
+    def started(_job, status: dict) -> None:
+        record_launch(run_dir, config, args, status["iteration"])
+        if local is not None:
+            local.record()  # now with the actors' processes
+
     try:
-        job, _ = driver.run(config, str(run_dir), resume=plan.resume, evaluate_base=True,
-                            on_start=lambda _job, status: record_launch(run_dir, config, args, status["iteration"]))
+        job, _ = driver.run(config, str(run_dir), resume=plan.resume, evaluate_base=True, on_start=started)
         summary = finish(config, run_dir, job)
         driver.stop(job)
         print(json.dumps(summary, indent=2))
@@ -222,12 +223,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     finally:
-        if temp is not None:
-            ray.shutdown()
-            if clean and not args.keep_ray_logs:
-                shutil.rmtree(temp, ignore_errors=True)
-            else:
-                print(f"local Ray's logs: {temp}/session_latest/logs (remove {temp} when done)", file=sys.stderr)
+        if local is not None:
+            local.stop(remove=clean and not args.keep_ray_logs)
+            if not clean or args.keep_ray_logs:
+                print(f"local Ray's logs: {local.folder}/session_latest/logs (remove {local.folder} when done)",
+                      file=sys.stderr)
     return 0
 
 

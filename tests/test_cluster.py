@@ -309,6 +309,20 @@ def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, refere
                         "--set", f"prompts.source={tmp_path / 'missing.txt'}"]) == 2
     assert {name: (run_dir / name).read_bytes() for name in files} == files
 
+    # a corrupt checkpoint is refused before Ray starts, in one line naming the file, offering the previous one
+    theta = run_dir / "checkpoint" / "theta.safetensors"
+    data = bytearray(theta.read_bytes())
+    data[-2] ^= 0x40  # an exponent bit of the last float32
+    theta.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert launch.main(["--resume", str(run_dir), "--set", "run.iterations=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkpoint/theta.safetensors: checksum mismatch" in err, err
+    assert f"--resume {run_dir} --checkpoint previous" in err and "(iteration 1) verifies" in err, err
+    plan = launch.resolve(argparse.Namespace(resume=str(run_dir), checkpoint="previous", set=["run.iterations=3"],
+                                             config=None, run_dir=None))
+    assert plan.resume == str(run_dir / "checkpoint.previous") and not plan.complete
+
 
 def test_learner_killed_while_writing_a_checkpoint_resumes_bitwise(local_ray, tmp_path, reference_weights):
     """It dies half way through the final checkpoint (iteration 2), after logging iteration 1's metrics:

@@ -80,7 +80,7 @@ def ray_head():
         yield f"http://127.0.0.1:{ports[1]}", env
     finally:
         os.killpg(head.pid, signal.SIGTERM)
-        deadline = time.time() + 20
+        deadline = time.time() + 8
         while group_members(head.pid) and time.time() < deadline:
             time.sleep(1)
         if group_members(head.pid):  # `ray start --block` shuts down slowly; the rest gets SIGKILL

@@ -89,6 +89,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.ray
 def test_service_versions_are_monotonic_and_old_ones_are_released(local_ray):
     service = WeightSyncService(keep=2)
     for version in (1, 2, 3):
@@ -99,6 +100,7 @@ def test_service_versions_are_monotonic_and_old_ones_are_released(local_ray):
     assert service.latest(after=3) == (3, None, [])
 
 
+@pytest.mark.ray
 def test_publish_fetch_and_restart_on_a_real_cluster(local_ray, restart_sync_service):
     services = start_services(keep=2, tag="restart")
     (node, service), = services.items()
@@ -134,6 +136,7 @@ class Source:
         return self.publisher.snapshot(version)
 
 
+@pytest.mark.ray
 def test_concurrent_publish_and_fetch_never_tear(local_ray):
     """Two readers fetch whole snapshots while an actor publishes 40 versions: every tensor of every
     snapshot read belongs to the version it claims, versions never go back, and each reader saw at

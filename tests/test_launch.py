@@ -1,0 +1,123 @@
+"""The launcher as an operator meets it: where runs land, its local Ray's lifetime, Ctrl-C and SIGTERM."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cluster.config import ConfigError, load_config
+from cluster.launch import IN_RAY_JOB, run_directory
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["prompts.per_iteration=2", "prompts.candidates=8", "prompts.keep=4", "sampler.steps=3", "explore.steps=2",
+         "eval.every=1", "eval.prompts=2", "eval.seeds_per_prompt=2", "training.lora_rank=4", "training.lora_alpha=8",
+         "cluster.explorers.num_cpus=0.5", "cluster.learner.num_cpus=0.5"]
+
+
+# ---- where runs land ------------------------------------------------------------------------------------
+def test_run_directories_are_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(IN_RAY_JOB, raising=False)
+    config = load_config(None, ["run.name=exp"])
+    assert run_directory("/shared/runs/a", config) == Path("/shared/runs/a")
+    assert run_directory("a/b", config) == tmp_path / "a" / "b"
+    default = run_directory(None, config)
+    assert default.parent == tmp_path / "runs" and default.name.startswith("exp-")
+    rooted = load_config(None, ["run.root=/shared/runs"])
+    assert run_directory("a", rooted) == Path("/shared/runs/a")
+    with pytest.raises(ConfigError, match=r"run\.root \(runs\) must be an absolute path"):
+        run_directory("a", load_config(None, ["run.root=runs"]))
+
+
+def test_a_relative_run_directory_is_refused_inside_a_ray_job(monkeypatch):
+    monkeypatch.setenv(IN_RAY_JOB, "{}")
+    config = load_config(None, [])
+    for given in ("runs/x", None):
+        with pytest.raises(ConfigError, match=r"inside a Ray job it would land in Ray's temporary copy .* "
+                                              r"pass an absolute path on shared storage .* or set run\.root="):
+            run_directory(given, config)
+    assert run_directory("/shared/x", config) == Path("/shared/x")
+    assert run_directory("x", load_config(None, ["run.root=/shared"])) == Path("/shared/x")
+
+
+# ---- the local Ray's lifetime ---------------------------------------------------------------------------
+def launch(run_dir: Path, *sets: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", IN_RAY_JOB)}
+    args = [arg for item in [*SMALL, *sets] for arg in ("--set", item)]
+    return subprocess.Popen([sys.executable, "-m", "cluster.launch", "--run-dir", str(run_dir), *args], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def ray_folders() -> set[str]:
+    return set(glob.glob("/tmp/solrl-ray-*"))
+
+
+@pytest.mark.ray
+def test_a_clean_local_run_removes_its_ray_folder_and_prints_where_it_is(tmp_path):
+    before = ray_folders()
+    run = launch(tmp_path / "run", "run.iterations=1")
+    out, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, out[-3000:]
+    assert out.count(f"run directory: {tmp_path / 'run'}") == 2
+    assert ray_folders() <= before  # its own Ray folder is gone (others' are not ours to judge)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["iterations"] == 1 and summary["samples"] == str(tmp_path / "run" / "samples.png")
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signalled_launcher_takes_its_local_ray_down(tmp_path, signum):
+    """Killed while training, the launcher shuts its local Ray down: no process of it is left (an
+    orphaned dashboard agent would hold its port), and its logs' folder is kept and named."""
+    run = launch(tmp_path / "run", "run.iterations=200")
+    lines: list[str] = []
+    deadline = time.time() + 300
+    for line in run.stdout:
+        lines.append(line)
+        if line.startswith("iter "):
+            break
+        assert time.time() < deadline, "".join(lines)[-3000:]
+    descendants = psutil.Process(run.pid).children(recursive=True)
+    assert len(descendants) >= 4, [p.name() for p in descendants]  # gcs, raylet, agents, actors
+    run.send_signal(signum)
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode != 0
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert not alive, [(p.pid, p.name()) for p in alive]
+    kept = [line for line in out.splitlines() if line.startswith("local Ray's logs: ")]
+    assert kept, out[-3000:]
+    folder = kept[0].removeprefix("local Ray's logs: ").split("/session_latest")[0]
+    assert Path(folder, "session_latest", "logs").is_dir()
+    subprocess.run(["rm", "-rf", folder], check=True)
+
+
+@pytest.mark.ray
+def test_the_next_launch_stops_what_a_sigkilled_launcher_left(tmp_path):
+    """SIGKILL leaves no chance to clean up, and Ray's dashboard and runtime-env agents outlive their
+    raylet; the next launch (even one that fails on its input) stops them and says so."""
+    run = launch(tmp_path / "run", "run.iterations=200")
+    for line in run.stdout:
+        if line.startswith("iter "):
+            break
+    descendants = psutil.Process(run.pid).children(recursive=True)
+    run.kill()
+    run.wait(timeout=60)
+    _, alive = psutil.wait_procs(descendants, timeout=10)
+    next_run = subprocess.run([sys.executable, "-m", "cluster.launch", "--resume", str(tmp_path / "nothing")],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert next_run.returncode == 2
+    _, left = psutil.wait_procs(alive, timeout=10)
+    assert not left, [(p.pid, p.name()) for p in left]
+    if alive:  # what Ray 2.60 leaves (the agents): the next launch named what it stopped
+        assert f"left by launcher {run.pid}, which was killed" in next_run.stdout, next_run.stdout
+        folder = next_run.stdout.split("its logs: ")[1].split(" ")[0]
+        subprocess.run(["rm", "-rf", folder], check=True)
