@@ -198,9 +198,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from cluster import driver
 
-    signal.signal(signal.SIGTERM, _terminate)
     print(f"run directory: {run_dir}  ({config.cluster.explorers.count} explorer(s), {config.cluster.mode} mode)")
     local, clean = connect(config), False
+    # After ray.init, whose native handler would otherwise end the process on SIGTERM without unwinding.
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
 
     def started(_job, status: dict) -> None:
         record_launch(run_dir, config, args, status["iteration"])
