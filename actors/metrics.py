@@ -34,6 +34,8 @@ class LearnerMetrics:
         self.gauges = {k: Gauge(f"solrl_{k}", description=d) for k, d in _LEARNER_GAUGES.items()}
         self.skipped = Counter("solrl_skipped_updates", description="updates skipped (NaN/inf reward or loss)")
         self.dropped = Counter("solrl_dropped_groups", description="ranked groups dropped as too stale")
+        self.retries = Counter("solrl_explorer_retries", description="slots re-sent after their explorer died")
+        self.deaths = Counter("solrl_explorer_deaths", description="explorer deaths seen by the driver")
 
     def record(self, values: dict[str, Any]) -> None:
         for key, gauge in self.gauges.items():
@@ -42,8 +44,10 @@ class LearnerMetrics:
                 gauge.set(float(value))
         if values.get("skipped"):
             self.skipped.inc()
-        if values.get("dropped_groups"):
-            self.dropped.inc(float(values["dropped_groups"]))
+        for counter, key in ((self.dropped, "dropped_groups"), (self.retries, "explorer_retries"),
+                             (self.deaths, "explorer_deaths")):
+            if values.get(key):
+                counter.inc(float(values[key]))
 
 
 class ExplorerMetrics:

@@ -2,7 +2,7 @@
 
 Every process runs torch with one thread, so the learner actor, the explorers and the single-process
 reference compute bit for bit the same thing. Faults are real: processes die by SIGKILL at a chosen
-point, placed there by a function run inside the actor (`__ray_call__`); NaNs are injected the same way.
+point, placed there by a function of tests/faults.py run inside the actor; NaNs are injected the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 import pytest
 import ray
 import torch
+from faults import die_in_update, die_on_explore_call, die_writing_checkpoint, nan_loss_once, nan_reward_once
 from safetensors.torch import load_file
 
 from cluster import driver, launch
@@ -27,7 +28,7 @@ from learner.trainer import Trainer
 from weight_sync.codecs import Manifest, decode
 
 pytestmark = pytest.mark.ray
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fault hooks below run inside actors
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # CrashingExplorer below runs in a worker
 
 SMALL = [
     "prompts.per_iteration=2", "prompts.candidates=8", "prompts.keep=4", "sampler.steps=3", "explore.steps=2",
@@ -106,83 +107,6 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
-
-
-# ---- fault hooks: run inside an actor by `actor.__ray_call__` ------------------------------------------
-def die_on_explore_call(explorer, call: int) -> None:
-    """SIGKILL this explorer process while it runs its `call`-th explore task (1-based, from now)."""
-    seen = {"n": 0}
-    sync = explorer.sync
-
-    def dying_sync(version, *args, **kwargs):
-        seen["n"] += 1
-        if seen["n"] == call:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return sync(version, *args, **kwargs)
-
-    explorer.sync = dying_sync
-
-
-def die_in_update(learner) -> None:
-    """SIGKILL the learner in the middle of its next update (its first loss evaluation)."""
-    import learner.trainer as trainer_module
-
-    loss_fn = trainer_module.nft_loss
-
-    def dying_loss(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGKILL)
-        return loss_fn(*args, **kwargs)
-
-    trainer_module.nft_loss = dying_loss
-
-
-def die_writing_checkpoint(learner, checkpoint: int) -> None:
-    """SIGKILL the learner half way through writing its `checkpoint`-th checkpoint from now."""
-    import learner.checkpoint as checkpoint_module
-
-    write, seen = checkpoint_module.write_safetensors, {"files": 0}
-    files_per_checkpoint = 4
-
-    def dying_write(*args, **kwargs):
-        seen["files"] += 1
-        if seen["files"] == (checkpoint - 1) * files_per_checkpoint + 2:  # theta written, old not yet
-            os.kill(os.getpid(), signal.SIGKILL)
-        return write(*args, **kwargs)
-
-    checkpoint_module.write_safetensors = dying_write
-
-
-def nan_reward_once(learner) -> None:
-    """The next regeneration scores one sample NaN."""
-
-    class NaNOnce:
-        def __init__(self, inner):
-            self.inner, self.armed = inner, True
-
-        def score_and_details(self, images, prompts):
-            rewards, details = self.inner.score_and_details(images, prompts)
-            if self.armed:
-                self.armed = False
-                rewards = rewards.clone()
-                rewards[0] = float("nan")
-            return rewards, details
-
-    learner.trainer.reward = NaNOnce(learner.trainer.reward)
-
-
-def nan_loss_once(learner) -> None:
-    import learner.trainer as trainer_module
-
-    loss_fn, armed = trainer_module.nft_loss, [True]
-
-    def nan_loss(*args, **kwargs):
-        loss = loss_fn(*args, **kwargs)
-        if armed:
-            armed.clear()
-            return loss * float("nan")
-        return loss
-
-    trainer_module.nft_loss = nan_loss
 
 
 # ---- equivalence ----------------------------------------------------------------------------------------
