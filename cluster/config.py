@@ -16,11 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from diffusion.config import ExploreConfig, ModelConfig, SamplerConfig
-from diffusion.prompts import PromptConfig
-from learner.config import EvalConfig, LearnerConfig, RunConfig
-from learner.training_state import TrainingConfig
-from rewards.config import RewardConfig
+from learner.config import TrainerConfig
 
 
 class ActorResources(BaseModel):
@@ -57,18 +53,11 @@ class ClusterConfig(BaseModel):
     scorers: ScorersConfig = ScorersConfig()
 
 
-class SolRLConfig(BaseModel):
+class SolRLConfig(TrainerConfig):
+    """The whole run: the trainer's sections plus the cluster's."""
+
     model_config = ConfigDict(extra="forbid")
 
-    run: RunConfig = RunConfig()
-    model: ModelConfig = ModelConfig()
-    sampler: SamplerConfig = SamplerConfig()
-    explore: ExploreConfig = ExploreConfig()
-    reward: RewardConfig = RewardConfig()
-    prompts: PromptConfig = PromptConfig()
-    learner: LearnerConfig = LearnerConfig()
-    training: TrainingConfig = TrainingConfig()
-    eval: EvalConfig = EvalConfig()
     cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")

@@ -8,7 +8,7 @@
    worst 12 regenerated in full precision with 10 steps, one DiffusionNFT update (LoRA), the
    sampling policy re-quantized into the engine. Held-out reward every 2 iterations.
 3. In the run directory: samples_before_after.png, reward_curve.png, metrics.jsonl, summary.json.
-The distributed job (Ray actors) replaces the single-process loop in a later step.
+`make demo` runs the same loop as a Ray job (explorer and learner actors): `python -m cluster.launch`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from bench.rank_fidelity import format_table, measure
 from cluster.config import load_config
 from cluster.figures import save_image_grid, save_reward_curve
 from diffusion.embedded.data import TRAIN_TEMPLATES, prompt_for
 from diffusion.noise import derive_seeds
+from learner.fidelity import format_table, measure
 from learner.trainer import Trainer
 
 SEEDS_PER_DIGIT = 6

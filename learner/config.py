@@ -1,4 +1,5 @@
-"""The learner's section of the config: which family of the paper, which objective, how it trains."""
+"""The learner's sections of the config (which family of the paper, which objective, how it trains) and
+`TrainerConfig`, the tree a trainer needs: every section but the cluster's (cluster/ extends it)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from diffusion.config import ExploreConfig, ModelConfig, SamplerConfig
+from diffusion.prompts import PromptConfig
 from learner.schedules import DecayConfig
+from learner.training_state import TrainingConfig
+from rewards.config import RewardConfig
 
 Family = Literal["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"]
 FAMILIES: tuple[str, ...] = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl")
@@ -63,3 +68,20 @@ class LearnerConfig(BaseModel):
     nft: NFTConfig = NFTConfig()
     art: ARTConfig = ARTConfig()
     decay: DecayConfig = DecayConfig()
+
+
+class TrainerConfig(BaseModel):
+    """What the single-process trainer and the learner actor read; `cluster.config.SolRLConfig` adds the
+    `cluster` section and the rules across sections."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    sampler: SamplerConfig = SamplerConfig()
+    explore: ExploreConfig = ExploreConfig()
+    reward: RewardConfig = RewardConfig()
+    prompts: PromptConfig = PromptConfig()
+    learner: LearnerConfig = LearnerConfig()
+    training: TrainingConfig = TrainingConfig()
+    eval: EvalConfig = EvalConfig()

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,14 +38,12 @@ from diffusion.samplers import sample_ode
 from learner.advantages import compute_advantages
 from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows
 from learner.checkpoint import check_finite, load_checkpoint, save_checkpoint, write_safetensors
+from learner.config import TrainerConfig
 from learner.objectives import nft_loss, trained_timestep_indices
 from learner.rollouts import Generated, RankedGroup, explore_group, generate
 from learner.selection import select_candidates
 from learner.training_state import TrainingState
 from rewards import build_reward_from_config
-
-if TYPE_CHECKING:  # the composed tree lives in cluster/, which imports this module
-    from cluster.config import SolRLConfig
 
 # Stream ids for derive_seed(run_seed, iteration, STREAM, index): one per kind of random choice.
 PROMPT_STREAM, SELECT_STREAM, TIMESTEP_STREAM, NOISE_STREAM, SHUFFLE_STREAM, WINDOW_STREAM = -1, -2, -3, -4, -5, -6
@@ -75,7 +73,7 @@ class Group:
 class Trainer:
     def __init__(
         self,
-        config: SolRLConfig,
+        config: TrainerConfig,
         run_dir: str | Path | None = None,
         *,
         publish: Callable[[dict[str, torch.Tensor], int], Any] | None = None,
