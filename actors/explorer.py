@@ -55,7 +55,7 @@ class Explorer:
         deadline = time.monotonic() + timeout_s
         while self.subscriber.version != version:
             info = self.subscriber.fetch(version)
-            if info is None and self.subscriber.newest() > version:
+            if info is None and self.subscriber.newest > version:
                 info = self.subscriber.poll()  # released: the group says which version ranked it
                 if info is not None:
                     self.metrics.synced(info)

@@ -127,7 +127,8 @@ KeyPath = tuple[str, ...]
 Locate = Callable[[KeyPath, bool], str | None]
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
+    """A message as one line: user errors are printed as a single `error:` line."""
     return " ".join(text.split())
 
 
@@ -140,8 +141,8 @@ def _yaml_problem(exc: yaml.YAMLError, *, with_lines: bool) -> tuple[str, yaml.M
             started = exc.context_mark
             at = f" from line {started.line + 1}" if with_lines and started is not None else ""
             problem = f"{exc.problem} ({exc.context}{at})"
-        return _one_line(problem), exc.problem_mark
-    return _one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__), None
+        return one_line(problem), exc.problem_mark
+    return one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__), None
 
 
 def _key_lines(node: yaml.Node | None, prefix: KeyPath = ()) -> dict[KeyPath, int]:
@@ -235,7 +236,7 @@ def _describe(error: ValidationError, locate: Locate | None = None) -> list[str]
             else:
                 text = f"{path}: {item['msg'].removeprefix('Value error, ')} (given {_given(item.get('input'))})"
             where = locate(loc, False) if locate else None
-        lines.append(_one_line(f"{where}: {text}" if where else text))
+        lines.append(one_line(f"{where}: {text}" if where else text))
     return lines
 
 

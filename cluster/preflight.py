@@ -10,13 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cluster.config import ConfigError, SolRLConfig, check_cross_fields
+from cluster.config import ConfigError, SolRLConfig, check_cross_fields, one_line
 from diffusion.loading import check_model_folder, check_safetensors
 from diffusion.prompts import load_prompts
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _check_prompts(config: SolRLConfig) -> None:
@@ -27,7 +23,7 @@ def _check_prompts(config: SolRLConfig) -> None:
         try:
             load_prompts(source)
         except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
-            raise ConfigError(_one_line(f"{field}: {exc}")) from None
+            raise ConfigError(one_line(f"{field}: {exc}")) from None
 
 
 def _check_model(config: SolRLConfig) -> None:
@@ -36,7 +32,7 @@ def _check_model(config: SolRLConfig) -> None:
     try:
         check_model_folder(config.model.folder())
     except (OSError, ValueError, NotImplementedError) as exc:
-        raise ConfigError(_one_line(f"model.path: {exc}")) from None
+        raise ConfigError(one_line(f"model.path: {exc}")) from None
 
 
 def _check_reward(config: SolRLConfig, notes: list[str]) -> None:
@@ -64,7 +60,7 @@ def _check_reward(config: SolRLConfig, notes: list[str]) -> None:
             raise ValueError(f"{path / CONFIG_FILE} is not a {FORMAT} config (format {fmt!r})")
         check_safetensors(path / WEIGHTS_FILE)
     except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ConfigError(_one_line(f"{field}: {exc}")) from None
+        raise ConfigError(one_line(f"{field}: {exc}")) from None
 
 
 def _selection_notes(config: SolRLConfig) -> list[str]:

@@ -63,14 +63,15 @@ class WeightSyncService:
             manifest, ref = self._snapshots[newest]
         return newest, manifest, [ref]  # in a list, so Ray hands over the reference, not the arrays
 
-    def get(self, version: int) -> tuple[dict | None, list[ray.ObjectRef]]:
-        """Snapshot `version` if still held (the newest `keep`), else (None, []): async explorers load
+    def get(self, version: int) -> tuple[int, dict | None, list[ray.ObjectRef]]:
+        """(newest version, snapshot `version` if still held else None, [its ref]): async explorers load
         exactly the version they were asked for, even after a newer one arrived."""
         with self._lock:
+            newest = max(self._snapshots, default=-1)
             if version not in self._snapshots:
-                return None, []
+                return newest, None, []
             manifest, ref = self._snapshots[version]
-        return manifest, [ref]
+        return newest, manifest, [ref]
 
     def version(self) -> int:
         with self._lock:

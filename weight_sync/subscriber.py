@@ -38,6 +38,7 @@ class WeightSubscriber:
         self.engine = engine
         self.base = base
         self.version = -1
+        self.newest = -1  # the service's newest version, as of the last fetch
 
     def poll(self) -> dict[str, float] | None:
         """Load the service's newest snapshot if it is newer than the one held; its info, else None."""
@@ -48,16 +49,13 @@ class WeightSubscriber:
         return self._load(version, manifest_json, refs, start)
 
     def fetch(self, version: int) -> dict[str, float] | None:
-        """Load exactly `version` (newer or older than the one held) if the service still keeps it."""
+        """Load exactly `version` (newer or older than the one held) if the service still keeps it.
+        `self.newest` is then the service's newest version (-1: none)."""
         start = time.perf_counter()
-        manifest_json, refs = ray.get(self.service.get.remote(version))
+        self.newest, manifest_json, refs = ray.get(self.service.get.remote(version))
         if manifest_json is None:
             return None
         return self._load(version, manifest_json, refs, start)
-
-    def newest(self) -> int:
-        """The newest version the service holds (-1: none)."""
-        return ray.get(self.service.version.remote())
 
     def _load(self, version: int, manifest_json: dict, refs: list, start: float) -> dict[str, float] | None:
         manifest = Manifest.from_json(manifest_json)
