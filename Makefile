@@ -50,7 +50,7 @@ bench: $(STAMP)
 world: $(STAMP)
 	$(PY) -m rewards.train_digit_classifier
 	$(PY) -m diffusion.embedded.train
-	$(PY) -m rewards.evaluate_base_model
+	$(PY) -m bench.base_model
 
 clean-venv:
 	rm -rf $(VENV)

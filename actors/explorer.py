@@ -19,10 +19,10 @@ import torch
 from actors.metrics import ExplorerMetrics
 from actors.reward_scorer import RemoteReward
 from diffusion.config import ExploreConfig, ModelConfig
-from diffusion.explore import build_explore_engine
+from diffusion.explore import ExploreEngine
 from diffusion.loading import load_policy_from_config
-from diffusion.noise import derive_seeds
-from learner.rollouts import RankedGroup, explore_group
+from diffusion.noise import candidate_seeds
+from learner.rollouts import RankedGroup, Sampling, explore_group
 from rewards import build_reward_from_config
 from rewards.config import RewardConfig
 from weight_sync.subscriber import WeightSubscriber
@@ -30,13 +30,14 @@ from weight_sync.subscriber import WeightSubscriber
 
 class Explorer:
     def __init__(self, model: ModelConfig, explore: ExploreConfig, reward: RewardConfig, services: dict[str, Any],
-                 *, run_seed: int, candidates: int, threads: int = 1, scorers: list | None = None) -> None:
+                 *, sampling: Sampling, run_seed: int, candidates: int, threads: int = 1,
+                 scorers: list | None = None) -> None:
         """`services`: node id → that node's WeightSyncService (this job's own); this explorer reads its
-        node's."""
+        node's. `sampling`: the explore pass (`learner.rollouts.exploration_sampling`)."""
         torch.set_num_threads(threads)
-        self.explore_config, self.run_seed, self.candidates = explore, run_seed, candidates
+        self.sampling, self.run_seed, self.candidates = sampling, run_seed, candidates
         self.policy = load_policy_from_config(model)
-        self.engine = build_explore_engine(self.policy, explore)
+        self.engine = ExploreEngine(self.policy, explore)
         self.reward = RemoteReward(scorers) if scorers else build_reward_from_config(reward)
         # The policy's own transformer stays the unmodified base (the engine is a copy): the lora codec
         # merges adapters into it without another copy of the model.
@@ -71,9 +72,9 @@ class Explorer:
     def explore(self, iteration: int, slot: int, prompt: str, version: int) -> RankedGroup:
         version = self.sync(version)
         group = explore_group(
-            self.policy, self.engine, self.reward, iteration=iteration, slot=slot, prompt=prompt,
-            seeds=derive_seeds(self.run_seed, iteration, slot, self.candidates), steps=self.explore_config.steps,
-            solver=self.explore_config.solver, policy_version=version,
+            self.policy, self.engine.module, self.reward, iteration=iteration, slot=slot, prompt=prompt,
+            seeds=candidate_seeds(self.run_seed, iteration, slot, self.candidates), sampling=self.sampling,
+            policy_version=version,
         )
         self.metrics.explored(group)
         return group

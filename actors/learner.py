@@ -1,8 +1,8 @@
 """Learner actor: the single-process trainer core behind a Ray handle, publishing through weight sync.
 
-`train(iteration, groups)` selects, regenerates, rewards, updates and publishes — `Trainer` does all of
-it; this shell only routes the sampling policy to every node's WeightSyncService instead of a local
-engine, checkpoints, and records the dashboard metrics.
+The driver calls, per iteration: `train(iteration, groups)` (select → regenerate → advantages → update
+→ soft-update, all `Trainer`'s), `publish()` (the sampling policy to every node's WeightSyncService)
+and `finish_iteration(metrics)` (evaluation, log, checkpoint, dashboard metrics).
 """
 
 from __future__ import annotations
@@ -34,36 +34,38 @@ class Learner:
         """`services`: node id → that node's WeightSyncService (this job's own)."""
         torch.set_num_threads(threads)
         self.codec = codec_for(config.explore.precision, codec)
-        self.publisher: WeightPublisher | None = None
-        self.trainer = Trainer(config, run_dir, publish=self._publish)
+        self.trainer = Trainer(config, run_dir, remote_explorers=True)
         # The services pull snapshots from this actor (it runs with max_concurrency > 1) and so own them.
-        self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.quantized_weights,
+        self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.explore_plan.quantized_weights,
                                          source=ray.get_runtime_context().current_actor)
         self._resume = resume
         self.metrics = LearnerMetrics()
         self._last_end: float | None = None
-
-    def _publish(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        if self.publisher is None:
-            return  # during Trainer.__init__, before the publisher exists; start() publishes
-        if self.codec == "lora":  # only the sampling adapter travels; explorers merge it into their base
-            state = self.trainer.state
-            if state.mode != "lora":
-                raise ValueError("cluster.codec=lora needs training.mode=lora")
-            adapters = {k: v.detach() for k, v in state.old_parameters().items()}
-            scale = state.config.lora_alpha / state.config.lora_rank
-            self.publisher.publish(adapters, version, meta={"lora_scale": scale})
-        else:
-            self.publisher.publish(weights, version)
+        self._start = self._idle = 0.0
 
     def start(self) -> dict[str, Any]:
-        """Resume if asked, then publish the sampling policy (not in __init__: the services pull the
-        snapshot from this actor, which cannot answer before its __init__ returns)."""
-        if self._resume:  # True: run_dir/checkpoint; a path: that checkpoint folder
-            self.trainer.resume(None if self._resume is True else self._resume)  # publishes the resumed policy
-        else:
-            self.trainer.publish()
+        """Resume if asked (True: run_dir/checkpoint; a path: that checkpoint folder). The driver then
+        publishes: not in __init__, because the services pull the snapshot from this actor, which cannot
+        answer before its __init__ returns."""
+        if self._resume:
+            self.trainer.resume(None if self._resume is True else self._resume)
         return self.status()
+
+    def publish(self) -> dict[str, Any]:
+        """Send the sampling policy θ_old to every node's weight-sync service (and a local engine, when
+        the algorithm trains on low-precision samples): the driver's explicit step after each update."""
+        start = time.perf_counter()
+        trainer = self.trainer
+        weights = trainer.sampling_weights()
+        if self.codec == "lora":  # only the sampling adapter travels; explorers merge it into their base
+            state = trainer.state
+            adapters = {k: v.detach() for k, v in state.old_parameters().items()}
+            self.publisher.publish(adapters, trainer.version,
+                                   meta={"lora_scale": state.config.lora_alpha / state.config.lora_rank})
+        else:
+            self.publisher.publish(weights, trainer.version)
+        trainer.publish(weights)
+        return {"version": trainer.version, "sync_s": time.perf_counter() - start}
 
     def snapshot(self, version: int) -> dict:
         """Called by weight-sync services (concurrently with `train`): the newest encoded snapshot."""
@@ -76,19 +78,23 @@ class Learner:
         """Re-send the newest snapshot to services that lost it (restarted); their node ids."""
         return self.publisher.republish()
 
-    def train(self, iteration: int, groups: list[RankedGroup], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def train(self, iteration: int, groups: list[RankedGroup]) -> dict[str, Any]:
+        """select → regenerate → advantages → update → soft-update on the explorers' ranked groups."""
         trainer = self.trainer
         if iteration != trainer.iteration:
             raise ValueError(f"learner is at iteration {trainer.iteration}, asked to train {iteration}")
-        start = time.perf_counter()
-        idle = start - self._last_end if self._last_end is not None else 0.0
+        self._start = time.perf_counter()
+        self._idle = self._start - self._last_end if self._last_end is not None else 0.0
         metrics = trainer.train_iteration(iteration, groups)
-        metrics.update(extra or {})
         metrics["proxy_reward_mean"] = float(torch.cat([g.proxy for g in groups]).mean()) if groups else None
-        trainer.finish_iteration(metrics)
+        return metrics
+
+    def finish_iteration(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """After `train` and `publish`: evaluate when due, log, checkpoint when due, record the dashboard."""
+        metrics = self.trainer.finish_iteration(metrics)
         self._last_end = time.perf_counter()
         # idle: waiting for explorers between two updates; busy: this update (with its evaluation)
-        metrics["learner_idle_fraction"] = idle / max(idle + self._last_end - start, 1e-9)
+        metrics["learner_idle_fraction"] = self._idle / max(self._idle + self._last_end - self._start, 1e-9)
         self.metrics.record(metrics)
         return metrics
 

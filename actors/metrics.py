@@ -1,5 +1,5 @@
-"""Dashboard metrics (`ray.util.metrics`), named solrl_*: they appear on each node's Prometheus port as
-ray_solrl_* and in the Ray dashboard's metrics view."""
+"""Dashboard metrics (`ray.util.metrics`), named solrl_<the metrics.jsonl key>: they appear on each
+node's Prometheus port as ray_solrl_* and in the Ray dashboard's metrics view."""
 
 from __future__ import annotations
 
@@ -15,18 +15,15 @@ _LEARNER_GAUGES = {
     "eval_reward": "held-out reward (full precision)",
     "rank_spearman": "Spearman rho of proxy vs true reward on the kept seeds",
     "selection_precision": "share of kept seeds on the right side of the true median",
-    "explore_seconds": "slowest explorer's seconds for this iteration's slots",
-    "regenerate_seconds": "learner's rollout (regeneration) seconds",
-    "train_seconds": "learner's update seconds",
-    "sync_seconds": "learner's publish seconds",
+    "explore_s": "slowest explorer's seconds for this iteration's slots",
+    "rollout_s": "learner's sampling seconds (regeneration, and any pool it samples itself)",
+    "train_s": "learner's update seconds",
+    "sync_s": "learner's publish seconds",
     "policy_version": "newest policy version",
     "policy_lag": "learner version minus the version a group was explored with (max)",
     "learner_idle_fraction": "share of the iteration the learner waited for explorers",
     "candidates_per_second": "explored candidates per second, all explorers",
 }
-
-# gauge name → the trainer's metric key, where they differ
-_ALIASES = {"regenerate_seconds": "rollout_s", "train_seconds": "train_s", "sync_seconds": "sync_s"}
 
 
 class LearnerMetrics:
@@ -39,7 +36,7 @@ class LearnerMetrics:
 
     def record(self, values: dict[str, Any]) -> None:
         for key, gauge in self.gauges.items():
-            value = values.get(_ALIASES.get(key, key))
+            value = values.get(key)
             if isinstance(value, int | float) and math.isfinite(value):
                 gauge.set(float(value))
         if values.get("skipped"):

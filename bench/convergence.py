@@ -1,11 +1,11 @@
-"""Convergence of the paper's four families from the same base, prompts and seeds.
+"""Convergence of the paper's four algorithms from the same base, prompts and seeds.
 
-    python -m bench.convergence [--config FILE] [--families diffusionnft,naive_scaling,naive_quant,sol_rl]
+    python -m bench.convergence [--config FILE] [--algorithms diffusionnft,naive_scaling,naive_quant,sol_rl]
         [--objective nft|art] [--iterations N] [--seeds 0,1] [--eval-every 2] [--control] [--art]
         [--set key=value ...] --json FILE [--png FILE]
     python -m bench.convergence --merge A.json B.json ... --json FILE [--png FILE]   # one file per seed → one
 
-Every run starts from the same base model; run seed s fixes prompts, seeds and noise, so families
+Every run starts from the same base model; run seed s fixes prompts, seeds and noise, so algorithms
 differ only in how they explore and what they train on. Every `--eval-every` iterations the trained
 policy is evaluated on fixed held-out prompts and seeds (full precision, the sampler's steps).
 
@@ -17,8 +17,8 @@ reward included, per full-precision sample-step), under the same conditions as t
 is added to; a separate calibration at the start was off by up to 50% when anything else ran meanwhile.
 Each point keeps its raw cumulative counters, so the model is applied (and can be re-applied) in the report.
 
-Speedup of a family = time for diffusionnft to first reach its own final held-out reward ÷ time for
-the family to first reach it (per run seed; mean and spread over seeds; crossings interpolated between
+Speedup of an algorithm = time for diffusionnft to first reach its own final held-out reward ÷ time for
+the algorithm to first reach it (per run seed; mean and spread over seeds; crossings interpolated between
 evaluations). A profile repeats this for the baseline's reward at ¼, ½ and ¾ of its run, because the
 answer depends on where the target sits on the curve. `--control` adds sol_rl with
 each prompt's rewards shuffled among its samples (must stay flat); `--art` adds sol_rl with DiffusionART.
@@ -48,6 +48,7 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
     points = [{"iteration": 0, **totals, **trainer.evaluate()}]
     for i in range(config.run.iterations):
         m = trainer.train_iteration(i)
+        m["sync_s"] = trainer.publish()
         totals["wall_s"] += m["iteration_s"]
         for key in ("rollout_s", "train_s", "fp_sample_steps", "lp_sample_steps"):
             totals[key] += m[key]
@@ -113,7 +114,7 @@ def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]], baseline: str = "
     never reached it."""
     out: dict[str, dict[str, Any]] = {}
     base = runs[baseline]
-    for family, by_seed in runs.items():
+    for algorithm, by_seed in runs.items():
         row: dict[str, Any] = {}
         for clock in ("iteration", "wall_s", "modeled_s"):
             ratios = []
@@ -127,7 +128,7 @@ def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]], baseline: str = "
         row["final_eval_reward"] = [pts[-1]["eval_reward"] for pts in by_seed.values()]
         row["final_eval_accuracy"] = [pts[-1].get("eval_accuracy") for pts in by_seed.values()]
         row["base_eval_reward"] = [pts[0]["eval_reward"] for pts in by_seed.values()]
-        out[family] = row
+        out[algorithm] = row
     return out
 
 
@@ -139,8 +140,8 @@ def speedup_profile(runs: dict[str, dict[int, list[dict[str, Any]]]],
     """Speedups against `baseline` for targets along its run (its reward at ¼, ½, ¾ and the end):
     how the answer depends on where the target sits on the baseline's curve."""
     by_fraction = {f: speedups(runs, baseline, f) for f in PROFILE_FRACTIONS}
-    return {family: {str(f): {clock: by_fraction[f][family][clock] for clock in ("iteration", "modeled_s")}
-                     for f in PROFILE_FRACTIONS} for family in runs}
+    return {algorithm: {str(f): {clock: by_fraction[f][algorithm][clock] for clock in ("iteration", "modeled_s")}
+                     for f in PROFILE_FRACTIONS} for algorithm in runs}
 
 
 def format_profile(profile: dict[str, dict[str, dict]], baseline: str) -> str:
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/embedded.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--families", type=lambda s: s.split(","),
+    parser.add_argument("--algorithms", "--families", dest="algorithms", type=lambda s: s.split(","),
                         default=["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"])
     parser.add_argument("--objective", choices=("nft", "art"), default="nft")
     parser.add_argument("--iterations", type=int, default=20)
@@ -223,17 +224,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.merge:
         merge(args.merge, args.json, args.png)
         return
-    if "diffusionnft" not in args.families:
-        parser.error("--families must include diffusionnft: it sets the target")
+    if "diffusionnft" not in args.algorithms:
+        parser.error("--algorithms must include diffusionnft: it sets the target")
     torch.set_num_threads(args.threads)
 
     common = [*args.set, f"run.iterations={args.iterations}", f"eval.every={args.eval_every}",
               f"learner.objective={args.objective}"]
-    variants = {f: [f"learner.family={f}"] for f in args.families}
+    variants = {f: [f"learner.algorithm={f}"] for f in args.algorithms}
     if args.control:
-        variants["sol_rl_shuffled"] = ["learner.family=sol_rl", "learner.shuffle_rewards=true"]
+        variants["sol_rl_shuffled"] = ["learner.algorithm=sol_rl", "learner.shuffle_rewards=true"]
     if args.art:
-        variants["sol_rl_art"] = ["learner.family=sol_rl", "learner.objective=art", "learner.decay.type=0"]
+        variants["sol_rl_art"] = ["learner.algorithm=sol_rl", "learner.objective=art", "learner.decay.type=0"]
     configs = {name: load_config(args.config, common + extra) for name, extra in variants.items()}  # fail early
 
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in variants}
@@ -279,7 +280,7 @@ def load_runs(path: Path) -> tuple[dict[str, dict[int, list[dict[str, Any]]]], d
 
 def merge(sources: list[Path], json_path: Path, png: Path | None) -> None:
     """One report from several result files, e.g. one invocation per run seed, so a long benchmark
-    survives a crash seed by seed. Every family of a seed is costed with that seed's own c."""
+    survives a crash seed by seed. Every algorithm of a seed is costed with that seed's own c."""
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
     settings = {}
     for source in sources:

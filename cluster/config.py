@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from learner.config import TrainerConfig
+from learner.config import RULE_ERROR, TrainerConfig
 
 
 class ActorResources(BaseModel):
@@ -67,7 +67,7 @@ class SolRLConfig(TrainerConfig):
             fields, message = problem
             # A custom error keeps the message as written (no "Value error, " prefix) and carries the
             # fields, so the message can point at the preset line that set them.
-            raise PydanticCustomError("cross_field", "{message}", {"message": message, "fields": fields})
+            raise PydanticCustomError(RULE_ERROR, "{message}", {"message": message, "fields": fields})
         return self
 
 
@@ -223,7 +223,7 @@ def _describe(error: ValidationError, locate: Locate | None = None) -> list[str]
     for item in error.errors():
         loc: KeyPath = tuple(str(p) for p in item["loc"])
         path = ".".join(loc) or "(top level)"
-        if item["type"] == "cross_field":
+        if item["type"] == RULE_ERROR:
             # The whole tree is the input here: the message names the fields and values instead.
             text = item["msg"]
             fields = [tuple(f.split(".")) for f in (item.get("ctx") or {}).get("fields", ())]

@@ -6,7 +6,7 @@
 1. Rank fidelity of the explore engine (the paper's Table 8) on a few prompts × 96 seeds.
 2. Sol-RL training: per iteration 8 prompts × 96 seeds explored in NVFP4 with 6 steps, the best and
    worst 12 regenerated in full precision with 10 steps, one DiffusionNFT update (LoRA), the
-   sampling policy re-quantized into the engine. Held-out reward every 2 iterations.
+   sampling policy published to the engine. Held-out reward every 2 iterations.
 3. In the run directory: samples_before_after.png, reward_curve.png, metrics.jsonl, summary.json.
 `make demo` runs the same loop as a Ray job (explorer and learner actors): `python -m cluster.launch`.
 """
@@ -23,21 +23,20 @@ import torch
 from cluster.config import load_config
 from cluster.figures import save_image_grid, save_reward_curve
 from diffusion.embedded.data import TRAIN_TEMPLATES, prompt_for
-from diffusion.noise import derive_seeds
+from diffusion.noise import grid_seeds
 from learner.fidelity import format_table, measure
+from learner.rollouts import generate
 from learner.trainer import Trainer
 
 SEEDS_PER_DIGIT = 6
 
 
 def sample_digits(trainer: Trainer, seed: int) -> torch.Tensor:
-    """Every digit × the same seeds, full precision, with the trained policy θ."""
+    """Every digit × the same seeds, full precision, with θ as evaluated (its EMA when kept)."""
     prompts = [prompt_for(d, TRAIN_TEMPLATES[0]) for d in range(10) for _ in range(SEEDS_PER_DIGIT)]
-    seeds = [s for d in range(10) for s in derive_seeds(seed, -1, 100 + d, SEEDS_PER_DIGIT)]
-    cfg = trainer.config.sampler
-    with trainer.state.use("theta") as model, torch.no_grad():
-        x0 = trainer.policy.sample(prompts, seeds, steps=cfg.steps, solver=cfg.solver, transformer=model).x0
-    return trainer.policy.decode(x0)
+    seeds = [s for d in range(10) for s in grid_seeds(seed, d, SEEDS_PER_DIGIT)]
+    with trainer.state.evaluated() as model:
+        return generate(trainer.policy, model, None, prompts, seeds, trainer.eval_sampling, return_images=True).images
 
 
 def main(argv: list[str] | None = None) -> None:

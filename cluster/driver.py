@@ -2,7 +2,9 @@
 
     for iteration i:   prompts(i) → one slot per prompt → explorers (round robin)
                        ← ranked groups (seeds + proxy rewards, a few KB each)
-                       learner.train(i, groups) → update → new policy version → weight-sync services
+                       learner.train(i, groups)      select → regenerate → update → new policy version
+                       learner.publish()             θ_old → every node's weight-sync service
+                       learner.finish_iteration(m)   evaluate when due, log, checkpoint
 Sync mode (the paper): iteration i's slots are explored with the policy of version v_i, the learner's.
 Async mode: while the learner trains on i, explorers already explore i + 1 with version v_i — exactly
 that version (the services keep the last two), so an async run is as reproducible as a sync one.
@@ -36,7 +38,9 @@ from actors.learner import Learner
 from actors.reward_scorer import RewardScorer
 from cluster.config import SolRLConfig
 from diffusion.prompts import load_prompts
-from learner.trainer import progress_line, prompts_for
+from learner.rollouts import exploration_sampling
+from learner.run_log import progress_line
+from learner.trainer import prompts_for
 from weight_sync.service import start_services
 
 HEALTH_CHECK_S = 5.0  # a gather that sees no result this long makes sure every sync service holds the newest
@@ -118,8 +122,9 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
         ray.remote(Explorer).options(
             num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus, scheduling_strategy=place(i + 1),
             max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
-        ).remote(config.model, config.explore, config.reward, services, run_seed=config.run.seed,
-                 candidates=config.prompts.candidates, threads=c.explorers.threads, scorers=scorers or None)
+        ).remote(config.model, config.explore, config.reward, services, sampling=exploration_sampling(config),
+                 run_seed=config.run.seed, candidates=config.prompts.candidates, threads=c.explorers.threads,
+                 scorers=scorers or None)
         for i in range(c.explorers.count)
     ]
     return Job(learner, explorers, pg, services, scorers)
@@ -209,6 +214,7 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
           on_iteration: Callable[[Job, dict[str, Any]], None] | None,
           on_start: Callable[[Job, dict[str, Any]], None] | None, evaluate_base: bool) -> list[dict[str, Any]]:
     status = ray.get(job.learner.start.remote())
+    ray.get(job.learner.publish.remote())  # the (resumed) sampling policy, before anything is explored
     if on_start is not None:
         on_start(job, status)
     if evaluate_base and status["iteration"] == 0:
@@ -240,15 +246,17 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
                 groups = [fresh.get(g.slot, g) if g.slot in stale else g for g in groups]
         waited = time.perf_counter() - tick
         explore_s = max(g.seconds for g in groups) if groups else 0.0
-        stats.update({"explore_seconds": explore_s, "explore_wall_s": waited,
+        stats.update({"explore_s": explore_s, "explore_wall_s": waited,
                       "policy_lag": max((version - g.policy_version for g in groups), default=0),
                       "candidates_per_second": sum(len(g.seeds) for g in groups) / max(waited, 1e-9)})
-        train_ref = job.learner.train.remote(iteration, groups, stats)
+        train_ref = job.learner.train.remote(iteration, groups)
         prefetched = None
         if asynchronous and iteration + 1 < config.run.iterations:
             nxt = list(enumerate(prompts(iteration + 1)))
             prefetched = (dispatch(job, iteration + 1, nxt, version, health), version)
-        metrics = ray.get(train_ref)
+        metrics = {**ray.get(train_ref), **stats}
+        metrics["sync_s"] = ray.get(job.learner.publish.remote())["sync_s"]  # the new θ_old to every node
+        metrics = ray.get(job.learner.finish_iteration.remote(metrics))
         version = metrics["policy_version"]
         history.append(metrics)
         log(progress_line(metrics))

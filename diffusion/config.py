@@ -7,6 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from diffusion.quant import Backend, Precision
+from diffusion.samplers import Solver
+
 EMBEDDED_MODEL = Path(__file__).parent / "embedded" / "artifacts" / "model"
 
 
@@ -30,7 +33,7 @@ class SamplerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    solver: Literal["euler", "dpm2"] = "euler"
+    solver: Solver = "euler"
     steps: int = Field(10, ge=1)
     cfg_scale: float = Field(1.0, ge=1.0)
 
@@ -40,9 +43,10 @@ class ExploreConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    precision: Literal["nvfp4", "nvfp4_w4a16", "fp8", "none"] = "nvfp4"
-    backend: Literal["auto", "project", "modelopt", "te"] = "auto"
-    solver: Literal["euler", "dpm2"] = "euler"
+    precision: Precision = "nvfp4"
+    backend: Backend = "auto"
+    solver: Solver | None = Field(None, description="None: the sampler's solver (the paper explores with the "
+                                  "solver it regenerates with)")
     steps: int = Field(6, ge=1)
     min_dim: int | None = Field(None, ge=0, description="None takes the model family's minimum")
     skip: list[str] | None = Field(None, description="module patterns kept in high precision; None: family's")

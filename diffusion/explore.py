@@ -1,26 +1,122 @@
 """The low-precision explore engine of a policy: a quantized copy of its transformer.
 
-The engine shares everything else with the policy (prompt cache, noise, samplers): explorers sample
-with `policy.sample(..., transformer=engine)`. Which Linears stay in high precision comes from the
-model family (Sol-RL's per-family skip lists and minimum sizes) unless the config overrides it.
+    plan   = explore_plan(policy, config)        # what the engine is, without copying the model
+    engine = ExploreEngine(policy, config)       # the quantized copy
+    policy.sample(..., transformer=engine.module)
+    engine.load(weights, prequantized=...)       # new policy weights, quantizers refreshed
+
+The engine shares everything else with the policy (prompt cache, noise, samplers). Which layers run
+quantized comes from the model family (Sol-RL's per-family skip lists, minimum sizes and 1×1 conv
+switch) unless the config overrides ``skip``/``min_dim``; the rule itself is
+:mod:`diffusion.quant.layer_rule`. ``engine.module`` runs each forward inside its backend's runtime
+context (TE's FP4 autocast for ``te``), so no caller has to remember it.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
 from torch import nn
 
 from diffusion.config import ExploreConfig
 from diffusion.policy import FlowPolicy
-from diffusion.quant import quantize_model
+from diffusion.quant import (
+    NVFP4_WEIGHT_PRECISIONS,
+    Precision,
+    build_engine,
+    engine_layers,
+    load_weights,
+    resolve_backend,
+)
 
 
-def build_explore_engine(policy: FlowPolicy, config: ExploreConfig) -> nn.Module:
-    """quantize_model(transformer) with the family's skip list and minimum size, or the config's."""
+@dataclass(frozen=True)
+class ExplorePlan:
+    """What an explore engine is: its precision, backend and quantized layers.
+
+    ``quantized_weights`` are the ``state_dict`` keys (``"<layer>.weight"``) that the weight-sync
+    ``nvfp4`` codec packs: those of every quantized layer when the precision's weights are NVFP4
+    (``nvfp4``, ``nvfp4_w4a16``), none otherwise.
+    """
+
+    precision: Precision
+    backend: str  # the resolved backend; "none" for precision "none" (a plain copy)
+    linears: tuple[str, ...]  # Linears run quantized (after the backend's own filter, e.g. TE's dims)
+    convs: tuple[str, ...]  # 1×1 convolutions run quantized
+    quantized_weights: tuple[str, ...]
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """Every quantized layer: the Linears, then the 1×1 convolutions."""
+        return (*self.linears, *self.convs)
+
+
+def _device(module: nn.Module) -> torch.device:
+    for tensor in (*module.parameters(), *module.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def explore_plan(policy: FlowPolicy, config: ExploreConfig) -> ExplorePlan:
+    """The plan of ``ExploreEngine(policy, config)``: the family's skip list, minimum size and 1×1
+    conv switch (``config.skip`` / ``config.min_dim`` override the first two), on the backend
+    ``config.backend`` resolves to for the transformer's device."""
+    if config.precision == "none":
+        return ExplorePlan("none", "none", (), (), ())
     quant = policy.family.quant
-    return quantize_model(
-        policy.transformer,
-        config.precision,
+    transformer = policy.transformer
+    backend = resolve_backend(config.backend, config.precision, _device(transformer))
+    layers = engine_layers(
+        transformer,
+        backend,
         skip=tuple(quant.skip if config.skip is None else config.skip),
         min_dim=quant.min_dim if config.min_dim is None else config.min_dim,
-        backend=config.backend,
+        conv1x1=quant.conv1x1,
     )
+    packed = config.precision in NVFP4_WEIGHT_PRECISIONS
+    return ExplorePlan(
+        precision=config.precision,
+        backend=backend,
+        linears=layers.linears,
+        convs=layers.convs,
+        quantized_weights=tuple(f"{name}.weight" for name in (*layers.linears, *layers.convs)) if packed else (),
+    )
+
+
+class ExploreEngine:
+    """A quantized copy of ``policy.transformer`` built to :func:`explore_plan`'s plan.
+
+    ``module`` is what samplers call (``policy.sample(..., transformer=engine.module)``); it has the
+    transformer's ``state_dict`` keys. :meth:`load` takes new policy weights.
+    """
+
+    plan: ExplorePlan
+    module: nn.Module
+
+    def __init__(self, policy: FlowPolicy, config: ExploreConfig) -> None:
+        self.plan = explore_plan(policy, config)
+        if self.plan.precision == "none":
+            self.module = copy.deepcopy(policy.transformer)
+        else:
+            self.module = build_engine(
+                policy.transformer,
+                self.plan.precision,
+                self.plan.backend,
+                linears=self.plan.linears,
+                convs=self.plan.convs,
+            )
+
+    def load(
+        self,
+        state: Mapping[str, torch.Tensor | np.ndarray],
+        *,
+        strict: bool = True,
+        prequantized: Collection[str] = (),
+    ) -> None:
+        """Copy ``state`` into the engine in place and refresh its quantizers (:func:`load_weights`);
+        weights named in ``prequantized`` hold NVFP4 fake-quantized values and are used as they are."""
+        load_weights(self.module, state, strict=strict, prequantized=prequantized)

@@ -19,10 +19,16 @@ Conditioning = dict[str, torch.Tensor]  # per-sample tensors, batch first
 
 @dataclass(frozen=True)
 class QuantPolicy:
-    """Which Linear layers the low-precision engine leaves alone (Sol-RL's per-family settings)."""
+    """Which layers the low-precision engine replaces (Sol-RL's per-family settings).
 
-    skip: tuple[str, ...]
-    min_dim: int  # quantize only Linears with min(in_features, out_features) >= min_dim
+    The rule (`diffusion.quant.layer_rule`, the official `replace_linear_with_te`): a Linear (and,
+    with `conv1x1`, a 1×1 convolution) is replaced unless a `skip` pattern is a substring of its
+    qualified name or `min_dim > 0 and max(in, out) <= min_dim`.
+    """
+
+    skip: tuple[str, ...]  # substrings of qualified names kept in high precision
+    min_dim: int  # layers with max(in, out) <= min_dim stay in high precision (0: no size limit)
+    conv1x1: bool = False  # also replace 1×1 convolutions, run as Linears over channels (SANA)
 
 
 @dataclass(frozen=True)
@@ -51,12 +57,13 @@ class SD3Family(Family):
     Prompt encoding follows `StableDiffusion3Pipeline.encode_prompt` (clip_skip None): each CLIP
     encoder present gives its penultimate hidden states and its projected pooled output; hidden
     states are concatenated on features and zero-padded to the T5 width, then T5 tokens follow on
-    the sequence axis. Difference, on purpose: with no T5 encoder in the folder the pipeline appends
-    256 zero tokens; here no T5 tokens are appended (the embedded model was trained that way, and
-    real SD3.5 folders ship their T5).
+    the sequence axis. T5 prompts are 128 tokens, as the official Sol-RL SD3 script encodes them
+    (`TEXT_ENCODER_MAX_SEQ_LEN = 128`; the pipeline's own default is 256). Difference, on purpose: with
+    no T5 encoder in the folder the pipeline appends zero tokens; here no T5 tokens are appended (the
+    embedded model was trained that way, and real SD3.5 folders ship their T5).
     """
 
-    t5_max_sequence_length: int = 256
+    t5_max_sequence_length: int = 128
 
     def encode(self, components: Mapping[str, nn.Module], prompts: Sequence[str]) -> Conditioning:
         clip_pairs = [
@@ -112,6 +119,8 @@ SD3 = SD3Family(
     transformer_class="SD3Transformer2DModel",
     quant=QuantPolicy(
         skip=("pos_embed", "context_embedder", "time_text_embed", "norm_out", "norm1", "ff_context"),
+        # 2432 is SD3.5-L's width: its 2432×2432 attention projections stay in high precision and the
+        # image-stream FFN (ff.net.0.proj, ff.net.2 of 38 blocks: 76 Linears) runs in NVFP4.
         min_dim=2432,
     ),
     lora_targets=(
@@ -123,6 +132,7 @@ SD3 = SD3Family(
 FLUX = Family(
     name="flux",
     transformer_class="FluxTransformer2DModel",
+    # FLUX.1-dev: 495 of its 504 Linears run in NVFP4 (every block layer, and proj_out).
     quant=QuantPolicy(skip=("x_embedder", "context_embedder", "time_text_embed", "norm_out"), min_dim=1000),
     lora_targets=("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"),
     supported=False,
@@ -133,10 +143,17 @@ SANA = Family(
     transformer_class="SanaTransformer2DModel",
     quant=QuantPolicy(
         skip=(
+            # The official list names the native SANA model's modules ...
             "t_embedder", "t_block", "cfg_embedder", "y_embedder", "x_embedder",
             "final_layer", "logvar_linear", "attn.qkv",
+            # ... and these are the same modules in diffusers' SanaTransformer2DModel: t_embedder,
+            # t_block and cfg_embedder live in time_embed, y_embedder is caption_projection,
+            # x_embedder patch_embed, final_layer proj_out, attn.qkv attn1.to_{q,k,v}.
+            "time_embed", "caption_projection", "patch_embed", "proj_out",
+            "attn1.to_q", "attn1.to_k", "attn1.to_v",
         ),
         min_dim=2240,
+        conv1x1=True,  # the official SANA script replaces 1×1 convs too (train_nft_sana.py)
     ),
     lora_targets=("attn.qkv", "attn.proj", "cross_attn.q_linear", "cross_attn.kv_linear", "cross_attn.proj"),
     supported=False,

@@ -42,12 +42,22 @@ class FlowPolicy:
     # ---- prompts -------------------------------------------------------------------------------
     @torch.inference_mode()
     def encode(self, prompts: Sequence[str]) -> Conditioning:
-        """Conditioning for a batch of prompts; each distinct prompt is encoded once and cached."""
-        missing = sorted({p for p in prompts if p not in self._prompt_cache})
+        """Conditioning for a batch of prompts; each distinct prompt is encoded once and cached.
+
+        A prompt is encoded alone, on one CPU thread, so its encoding is a pure function of the prompt
+        (a text encoder's output differs in the last bit between batch sizes and thread counts, and
+        the sampling grids and resumed runs must not depend on which batch a prompt came first in).
+        """
+        missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
         if missing:
-            encoded = self.family.encode(self.components, missing)
-            for i, prompt in enumerate(missing):
-                self._prompt_cache[prompt] = {k: v[i : i + 1].clone() for k, v in encoded.items()}
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                for prompt in missing:
+                    encoded = self.family.encode(self.components, [prompt])
+                    self._prompt_cache[prompt] = {k: v.clone() for k, v in encoded.items()}
+            finally:
+                torch.set_num_threads(threads)
         keys = self._prompt_cache[prompts[0]].keys()
         return {k: torch.cat([self._prompt_cache[p][k] for p in prompts]) for k in keys}
 

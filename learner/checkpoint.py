@@ -7,6 +7,7 @@ A checkpoint is a folder:
 * ``optimizer.safetensors``: AdamW's per-parameter tensors, keyed ``<state>/<param name>``
   (``exp_avg/…``, ``exp_avg_sq/…``);
 * ``rng.safetensors``: the torch CPU RNG state (uint8) and, on CUDA, each device's;
+* ``ema.safetensors`` (when the state keeps an EMA of θ): the average, named as θ's parameters;
 * ``meta.json`` (written last): format and version, the SHA-256 and size of each of the four files,
   mode and LoRA settings, parameter shapes, AdamW step counts and hyper-parameters,
   ``skipped_steps``, the iteration and the caller's ``extra`` dict.
@@ -24,9 +25,7 @@ The last two checkpoints are kept: ``<dir>`` and ``<dir>.previous``. Saving writ
 ``<dir>``; if it falls between the last two renames, loading ``<dir>`` takes the complete ``<dir>.tmp``
 (or ``<dir>.previous``), and the next save first finishes the interrupted rotation.
 
-Every safetensors file this project writes goes through `write_safetensors`: the library keeps the
-header's metadata in a hash map (its key order, hence the file's bytes, varies between calls), so
-the metadata is one key holding sorted JSON and identical tensors give identical bytes.
+Files are written with `learner.tensor_files.write_safetensors` (deterministic bytes).
 """
 
 from __future__ import annotations
@@ -36,103 +35,43 @@ import json
 import os
 import shutil
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load as load_safetensors_bytes
-from safetensors.torch import save_file
 
+from learner.tensor_files import (
+    NonFiniteWeights,
+    check_finite,
+    fsync_path,
+    non_finite,
+    safetensors_metadata,
+    write_safetensors,
+)
 from learner.training_state import TrainingState
+
+__all__ = [
+    "CorruptCheckpoint", "NonFiniteWeights", "check_finite", "load_checkpoint", "previous_checkpoint",
+    "safetensors_metadata", "save_checkpoint", "verify_checkpoint", "write_safetensors",
+]
 
 FORMAT = "sol-rl-training-state"
 VERSION = 2  # 2: checksums of every file in meta.json
 HYPER_PARAMS = ("lr", "betas", "weight_decay", "eps")
 FILES = ("theta.safetensors", "old.safetensors", "optimizer.safetensors", "rng.safetensors")
-FLOAT_FILES = FILES[:3]  # rng is uint8
-METADATA_KEY = "sol_rl"  # the one safetensors metadata key this project writes
+EMA_FILE = "ema.safetensors"  # optional: listed in meta.json when written
+FLOAT_FILES = (*FILES[:3], EMA_FILE)  # rng is uint8
 
 
 class CorruptCheckpoint(ValueError):
     """A checkpoint that must not be trusted; the message is one line naming the file and the problem."""
 
 
-class NonFiniteWeights(ValueError):
-    """Weights (or optimizer state) with NaN or ±inf, refused before they are written or published."""
-
-
 def previous_checkpoint(dir: str | os.PathLike) -> Path:
     """The folder the checkpoint before `dir`'s is kept in: ``<dir>.previous``."""
     path = Path(dir)
     return path.with_name(path.name + ".previous")
-
-
-# ---- finite values, deterministic files --------------------------------------------------------
-def non_finite(tensors: Mapping[str, torch.Tensor]) -> str | None:
-    """None if every floating-point tensor is finite; else which one is not, e.g.
-    ``"16 non-finite values in 'x.weight'"`` (+ ``" (and 2 more tensors)"``), the first in order."""
-    bad: list[tuple[str, int]] = []
-    for name, tensor in tensors.items():
-        if not (tensor.is_floating_point() or tensor.is_complex()):
-            continue
-        finite = torch.isfinite(tensor.detach())
-        if not bool(finite.all()):
-            bad.append((name, int(finite.numel() - finite.sum())))
-    if not bad:
-        return None
-    name, count = bad[0]
-    text = f"{count} non-finite value{'s' if count != 1 else ''} in {name!r}"
-    if len(bad) > 1:
-        text += f" (and {len(bad) - 1} more tensor{'s' if len(bad) > 2 else ''})"
-    return text
-
-
-def check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
-    """Raise `NonFiniteWeights` ``"<what>: <n> non-finite values in '<name>'"`` unless all are finite."""
-    problem = non_finite(tensors)
-    if problem is not None:
-        raise NonFiniteWeights(f"{what}: {problem}")
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_safetensors(
-    path: str | os.PathLike, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any] | None = None,
-    *, fsync: bool = False,
-) -> str:
-    """Write `tensors` (moved to CPU, contiguous) to `path` with deterministic bytes; returns its SHA-256.
-
-    `metadata` (JSON-serialisable) is stored as sorted JSON under the single key ``"sol_rl"``: with
-    several keys the library's hash map writes them in a varying order. Read it back with
-    `safetensors_metadata`.
-    """
-    out = Path(path)
-    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    header = {METADATA_KEY: json.dumps(dict(metadata or {}), sort_keys=True, separators=(",", ":"))}
-    save_file(cpu, str(out), metadata=header)
-    if fsync:
-        _fsync(out)
-    return _sha256(out)
-
-
-def safetensors_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The metadata `write_safetensors` stored in `path` ({} when there is none)."""
-    with safe_open(str(path), framework="pt") as f:
-        stored = f.metadata() or {}
-    return json.loads(stored[METADATA_KEY]) if METADATA_KEY in stored else {}
 
 
 # ---- saving ------------------------------------------------------------------------------------
@@ -176,12 +115,16 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
                 optimizer_tensors[f"{key}/{name}"] = value
             else:
                 raise TypeError(f"save_checkpoint: optimizer state {key!r} of {name} is not a tensor")
-    for label, tensors in (("theta", theta), ("old", old), ("optimizer state", optimizer_tensors)):
+    contents = dict(zip(FILES, (theta, old, optimizer_tensors, {}), strict=True))
+    if state.ema is not None:
+        contents[EMA_FILE] = state.ema.average
+    for label, tensors in (("theta", theta), ("old", old), ("optimizer state", optimizer_tensors),
+                           ("EMA", contents.get(EMA_FILE, {}))):
         check_finite(tensors, f"save_checkpoint: refusing to write non-finite {label} to {final}")
     groups = [
         {k: _json_value(v) for k, v in group.items() if k != "params"} for group in state.optimizer.param_groups
     ]
-    rng = {"torch_cpu": torch.get_rng_state()}
+    rng = contents["rng.safetensors"] = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # untouched CUDA: no CUDA RNG was used
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             rng[f"cuda:{i}"] = s
@@ -193,7 +136,7 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
             shutil.rmtree(stale)
     tmp.mkdir(parents=True)
     files = {}
-    for name, tensors in zip(FILES, (theta, old, optimizer_tensors, rng), strict=True):
+    for name, tensors in contents.items():
         digest = write_safetensors(tmp / name, tensors, {"format": FORMAT}, fsync=True)
         files[name] = {"sha256": digest, "bytes": (tmp / name).stat().st_size}
     meta = {
@@ -214,15 +157,15 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
     # meta.json appears whole or not at all: its presence is what marks a folder complete.
     partial = tmp / "meta.json.partial"
     partial.write_text(json.dumps(meta, indent=1))
-    _fsync(partial)
+    fsync_path(partial)
     partial.rename(tmp / "meta.json")
-    _fsync(tmp)
+    fsync_path(tmp)
     if final.exists():
         if previous.exists():
             previous.rename(discard)
         final.rename(previous)
     tmp.rename(final)
-    _fsync(final.parent)
+    fsync_path(final.parent)
     if discard.exists():
         shutil.rmtree(discard)
     return final
@@ -261,7 +204,7 @@ def _verify(folder: Path) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
             raise CorruptCheckpoint(f"{meta_path}: has no checksum of {name} (meta.json was altered)")
 
     loaded: dict[str, dict[str, torch.Tensor]] = {}
-    for name in FILES:
+    for name in (*FILES, *([EMA_FILE] if EMA_FILE in listed else [])):
         path = folder / name
         if not path.is_file():
             raise CorruptCheckpoint(f"{path}: missing")
@@ -402,6 +345,11 @@ def load_checkpoint(dir: str | os.PathLike, state: TrainingState) -> dict:
                 )
 
     rng = loaded["rng.safetensors"]
+    ema_saved = loaded.get(EMA_FILE)
+    if state.ema is not None and ema_saved is not None:
+        _check("ema", theta, ema_saved, folder)
+    elif state.ema is not None:
+        warnings.warn(f"{folder}: no EMA of θ in this checkpoint; the EMA restarts from θ", stacklevel=2)
 
     # ---- everything checked: apply -------------------------------------------------------------
     with torch.no_grad():
@@ -409,6 +357,9 @@ def load_checkpoint(dir: str | os.PathLike, state: TrainingState) -> dict:
             param.copy_(theta_saved[name])
         for name, param in old.items():
             param.copy_(old_saved[name])
+        if state.ema is not None:
+            for name, average in state.ema.average.items():
+                average.copy_(ema_saved[name] if ema_saved is not None else theta_saved[name])
     position = {id(p): i for i, p in enumerate(p for group in current for p in group["params"])}
     order = {name: position[id(param)] for name, param in theta.items()}
     optimizer_state = {

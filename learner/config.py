@@ -1,20 +1,29 @@
-"""The learner's sections of the config (which family of the paper, which objective, how it trains) and
+"""The learner's sections of the config (which algorithm of the paper, which objective, how it trains) and
 `TrainerConfig`, the tree a trainer needs: every section but the cluster's (cluster/ extends it)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from diffusion.config import ExploreConfig, ModelConfig, SamplerConfig
 from diffusion.prompts import PromptConfig
+from learner.advantages import AdvantageMode
+from learner.algorithms import Algorithm
+from learner.objectives import Objective
 from learner.schedules import DecayConfig
+from learner.selection import SelectionMode
 from learner.training_state import TrainingConfig
 from rewards.config import RewardConfig
 
-Family = Literal["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"]
-FAMILIES: tuple[str, ...] = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl")
+# A rule of the config that a field's own type cannot say; `cluster.config` prints it with the preset
+# line of the fields it names.
+RULE_ERROR = "cross_field"
+
+# Keys that were renamed: the old spelling fails with the new one in the message.
+RENAMED_KEYS: dict[str, str] = {"learner.family": "learner.algorithm"}
 
 
 class RunConfig(BaseModel):
@@ -35,6 +44,8 @@ class EvalConfig(BaseModel):
     every: int = Field(5, ge=0, description="iterations between evaluations; 0: never")
     prompts: int = Field(10, ge=1, description="held-out prompts used")
     seeds_per_prompt: int = Field(16, ge=1)
+    steps: int = Field(40, ge=1, description="sampler steps of evaluation, apart from the regeneration's "
+                       "(the papers: 40; FLUX 28)")
 
 
 class NFTConfig(BaseModel):
@@ -58,10 +69,10 @@ class ARTConfig(BaseModel):
 class LearnerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    family: Family = "sol_rl"
-    objective: Literal["nft", "art"] = "nft"
-    selection: Literal["best_worst", "random", "mean_deviation", "extremes_random"] = "best_worst"
-    advantage_mode: Literal["all", "positive_only", "negative_only", "one_only", "binary"] = "all"
+    algorithm: Algorithm = Field("sol_rl", description="the paper's variant: what is explored, what is trained on")
+    objective: Objective = "nft"
+    selection: SelectionMode = "best_worst"
+    advantage_mode: AdvantageMode = "all"
     timestep_fraction: float = Field(0.6, gt=0, le=1, description="share of the sampler's timesteps trained")
     micro_batch: int = Field(192, ge=1, description="samples per forward/backward")
     shuffle_rewards: bool = Field(False, description="control run: permute each prompt's rewards")
@@ -85,3 +96,20 @@ class TrainerConfig(BaseModel):
     learner: LearnerConfig = LearnerConfig()
     training: TrainingConfig = TrainingConfig()
     eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        for old, new in RENAMED_KEYS.items():
+            section, _, key = old.partition(".")
+            if isinstance(data, dict) and isinstance(data.get(section), dict) and key in data[section]:
+                raise PydanticCustomError(RULE_ERROR, "{message}", {
+                    "message": f"{old} was renamed {new}; write {new}: {data[section][key]}", "fields": (old,)})
+        return data
+
+    @model_validator(mode="after")
+    def _explore_solver(self) -> TrainerConfig:
+        # The paper explores with the solver it regenerates with, unless told otherwise.
+        if self.explore.solver is None:
+            self.explore.solver = self.sampler.solver
+        return self

@@ -12,11 +12,12 @@ import time
 import numpy as np
 from scipy.stats import kendalltau, spearmanr
 
-from diffusion.explore import build_explore_engine
-from diffusion.noise import derive_seeds
+from diffusion.explore import ExploreEngine
+from diffusion.noise import candidate_seeds
 from diffusion.policy import FlowPolicy
 from diffusion.prompts import load_prompts
 from learner.config import TrainerConfig
+from learner.rollouts import Sampling, generate
 from rewards import Reward
 
 KS = (4, 8, 12)
@@ -71,16 +72,15 @@ def reference_margin(reference: np.ndarray, k: int = 12) -> float:
     return float(np.median(ordered[:, k - 1] - ordered[:, k]))
 
 
-def sample_rewards(policy, reward, prompts, n, run_seed, steps, solver, transformer=None):
+def sample_rewards(policy, reward, prompts, n, run_seed, sampling: Sampling, transformer=None):
     """Rewards [P, N] of each prompt's N derived seeds, and seconds spent."""
     # One untimed call first: the first forward of a model pays allocation and kernel warm-up.
-    policy.sample([prompts[0]] * n, list(range(n)), steps=2, solver=solver, transformer=transformer)
+    generate(policy, transformer, None, prompts[0], list(range(n)), Sampling(2, sampling.solver))
     rewards = []
     start = time.perf_counter()
     for slot, prompt in enumerate(prompts):
-        seeds = derive_seeds(run_seed, 0, slot, n)
-        latents = policy.sample([prompt] * n, seeds, steps=steps, solver=solver, transformer=transformer).x0
-        rewards.append(reward(policy.decode(latents), [prompt] * n).numpy())
+        out = generate(policy, transformer, reward, prompt, candidate_seeds(run_seed, 0, slot, n), sampling)
+        rewards.append(out.rewards.numpy())
     return np.stack(rewards), time.perf_counter() - start
 
 
@@ -100,7 +100,9 @@ def measure(
         raise ValueError(f"asked for {num_prompts} prompts but {config.prompts.source!r} has {len(prompts)}")
     prompts = prompts[:num_prompts]
     seed, candidates = config.run.seed, num_prompts * n
-    reference, ref_seconds = sample_rewards(policy, reward, prompts, n, seed, train_steps, config.sampler.solver)
+    cfg_scale = config.sampler.cfg_scale
+    reference, ref_seconds = sample_rewards(policy, reward, prompts, n, seed,
+                                            Sampling(train_steps, config.sampler.solver, cfg_scale))
     results: dict[str, dict[str, float]] = {
         "reference": {"s_per_candidate": ref_seconds / candidates, "steps": train_steps,
                       "mean_reward": float(reference.mean()), "margin@12": reference_margin(reference),
@@ -109,10 +111,9 @@ def measure(
     for name, precision in [("none_explore_steps", "none")] + [(p, p) for p in precisions]:
         engine = None
         if precision != "none":
-            engine = build_explore_engine(policy, config.explore.model_copy(update={"precision": precision}))
-        proxy, seconds = sample_rewards(
-            policy, reward, prompts, n, seed, explore_steps, config.explore.solver, transformer=engine
-        )
+            engine = ExploreEngine(policy, config.explore.model_copy(update={"precision": precision})).module
+        explore = Sampling(explore_steps, config.explore.solver or config.sampler.solver, cfg_scale)
+        proxy, seconds = sample_rewards(policy, reward, prompts, n, seed, explore, transformer=engine)
         results[name] = {**fidelity(proxy, reference), "s_per_candidate": seconds / candidates,
                          "steps": explore_steps, "mean_reward": float(proxy.mean())}
     return results

@@ -7,11 +7,16 @@ timesteps; the sampler is a black box.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows, trust_mask
 
+Objective = Literal["nft", "art"]  # the update loops of each: `learner.updates.OBJECTIVES`
+
 __all__ = [
+    "Objective",
     "art_guidance",
     "art_loss",
     "art_target",

@@ -1,10 +1,12 @@
-"""Rollouts: rank a prompt's seeds cheaply, then (re)generate the chosen ones for training.
+"""The one path from seeds to scores: sample → decode → reward.
 
-`explore_group` is the explorer's whole job — N seeds of one prompt slot through a sampler and a
-reward, kept as (seed, proxy reward) pairs; images never leave it. `generate` samples chosen seeds
-with a given transformer and returns what training needs (clean samples, rewards, visited states).
-Both are plain functions of a policy, a transformer view and a reward, so the single-process trainer
-and the Ray actors call the very same code.
+Every sampler of the system goes through `generate`: the explorers' ranking, the learner's
+regeneration, the held-out evaluation, the sample grids, the demo and the benchmarks. What differs
+between them is only which transformer samples (a low-precision engine, a view of the learner's
+policy, a plain copy of θ) and the `Sampling` settings, built from the config in one place each.
+
+`explore_group` is the explorer's whole job: N seeds of one prompt slot, kept as (seed, proxy
+reward) pairs; images never leave it.
 """
 
 from __future__ import annotations
@@ -12,12 +14,41 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from diffusion.policy import FlowPolicy
+from diffusion.samplers import Solver
 from rewards import Reward
+
+if TYPE_CHECKING:
+    from learner.config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one kind of sampling runs: steps, solver, classifier-free guidance."""
+
+    steps: int
+    solver: Solver
+    cfg_scale: float = 1.0
+
+
+def regeneration_sampling(config: TrainerConfig) -> Sampling:
+    """The learner's full-precision sampling (regeneration and the pools that are trained on)."""
+    return Sampling(config.sampler.steps, config.sampler.solver, config.sampler.cfg_scale)
+
+
+def exploration_sampling(config: TrainerConfig) -> Sampling:
+    """The explorers' ranking pass: the explore steps, the explore solver (the sampler's by default)."""
+    return Sampling(config.explore.steps, config.explore.solver or config.sampler.solver, config.sampler.cfg_scale)
+
+
+def evaluation_sampling(config: TrainerConfig) -> Sampling:
+    """Held-out evaluation and sample grids: `eval.steps`, the sampler's solver and guidance."""
+    return Sampling(config.eval.steps, config.sampler.solver, config.sampler.cfg_scale)
 
 
 @dataclass
@@ -36,38 +67,65 @@ class RankedGroup:
 @dataclass
 class Generated:
     seeds: list[int]
-    x0: torch.Tensor  # float32 [K, C, H, W] clean samples
-    rewards: torch.Tensor  # float32 [K]
-    states: list[torch.Tensor] | None = None  # x at each σ of the grid, each [K, C, H, W]
+    x0: torch.Tensor  # float32 [B, C, H, W] clean samples (latents)
+    rewards: torch.Tensor | None  # float32 [B]; None when no reward was asked for
+    states: list[torch.Tensor] | None = None  # x at each σ of the grid, each [B, C, H, W]
     details: dict[str, torch.Tensor] = field(default_factory=dict)
+    images: torch.Tensor | None = None  # [B, C, H, W] in [0, 1], when asked for
     seconds: float = 0.0
 
+    def take(self, index: torch.Tensor) -> Generated:
+        """The rows `index` of every per-sample field."""
+        rows = index.tolist()
+        return Generated(
+            [self.seeds[i] for i in rows], self.x0[index],
+            None if self.rewards is None else self.rewards[index],
+            None if self.states is None else [s[index] for s in self.states],
+            {k: v[index] for k, v in self.details.items()},
+            None if self.images is None else self.images[index], self.seconds,
+        )
 
-def score(reward: Reward, policy: FlowPolicy, latents: torch.Tensor, prompts: Sequence[str]):
-    """Decode and score: (rewards [B], per-sample details)."""
-    images = policy.decode(latents)
-    if hasattr(reward, "score_and_details"):
-        return reward.score_and_details(images, list(prompts))
-    return reward(images, list(prompts)), {}
+
+@dataclass
+class Group:
+    """What one prompt slot contributes to the update."""
+
+    prompt: str
+    samples: Generated  # the K training samples (x0, true rewards, visited states when asked)
+    proxy: torch.Tensor | None  # proxy rewards of those K seeds, when a cheaper pass ranked them
 
 
+@torch.no_grad()
 def generate(
     policy: FlowPolicy,
     transformer: nn.Module | None,
-    reward: Reward,
-    prompt: str,
+    reward: Reward | None,
+    prompts: str | Sequence[str],
     seeds: Sequence[int],
+    sampling: Sampling,
     *,
-    steps: int,
-    solver: str,
     return_states: bool = False,
+    return_images: bool = False,
 ) -> Generated:
+    """Sample one latent per seed (`prompts`: one per seed, or one for all), decode, score with `reward`.
+
+    `transformer`: the module that predicts velocities (None: the policy's own); it runs in whatever
+    numerics it owns (a low-precision engine enters its backend's context itself)."""
     start = time.perf_counter()
-    prompts = [prompt] * len(seeds)
-    result = policy.sample(prompts, list(seeds), steps=steps, solver=solver, transformer=transformer,
-                           return_states=return_states)
-    rewards, details = score(reward, policy, result.x0, prompts)
-    return Generated(list(seeds), result.x0, rewards.float(), result.states, details, time.perf_counter() - start)
+    prompts = [prompts] * len(seeds) if isinstance(prompts, str) else list(prompts)
+    result = policy.sample(prompts, list(seeds), steps=sampling.steps, solver=sampling.solver,
+                           cfg_scale=sampling.cfg_scale, transformer=transformer, return_states=return_states)
+    rewards, details, images = None, {}, None
+    if reward is not None or return_images:
+        images = policy.decode(result.x0)
+    if reward is not None:
+        if hasattr(reward, "score_and_details"):
+            rewards, details = reward.score_and_details(images, prompts)
+        else:
+            rewards = reward(images, prompts)
+        rewards = rewards.float()
+    return Generated(list(seeds), result.x0, rewards, result.states, details,
+                     images if return_images else None, time.perf_counter() - start)
 
 
 def explore_group(
@@ -79,10 +137,9 @@ def explore_group(
     slot: int,
     prompt: str,
     seeds: Sequence[int],
-    steps: int,
-    solver: str,
+    sampling: Sampling,
     policy_version: int,
 ) -> RankedGroup:
     """Sample every seed with the explore engine, score it, keep (seed, proxy reward)."""
-    out = generate(policy, engine, reward, prompt, seeds, steps=steps, solver=solver)
+    out = generate(policy, engine, reward, prompt, seeds, sampling)
     return RankedGroup(iteration, slot, prompt, list(seeds), out.rewards, policy_version, out.seconds)

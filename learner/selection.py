@@ -2,20 +2,50 @@
 
 Sol-RL's default, `best_worst`, keeps the K/2 highest and K/2 lowest proxy rewards: the strongest
 contrast, whose expected best–worst gap grows like 2σ·sqrt(2 log N). An odd K gives the extra seed to
-the worst group (⌊K/2⌋ best, ⌈K/2⌉ worst), as the official code's `select_indices_by_mode` does. The
-other modes are those of the official code. Random choices use a generator the caller seeds from
-(run seed, iteration, slot), so a selection is reproducible anywhere. Ties are broken by candidate
-index (stable sorts).
+the worst group (⌊K/2⌋ best, ⌈K/2⌉ worst), as the official code's `select_indices_by_mode`
+(NVlabs/Sana `train_scripts/train_utils.py`) does; the other modes are that function's too. Random
+choices use a generator the caller seeds from (run seed, iteration, slot), so a selection is
+reproducible anywhere. Ties are broken by candidate index (stable sorts).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 
 SelectionMode = Literal["best_worst", "random", "mean_deviation", "extremes_random"]
-SELECTION_MODES: tuple[str, ...] = ("best_worst", "random", "mean_deviation", "extremes_random")
+Select = Callable[[torch.Tensor, int, torch.Generator | None], torch.Tensor]
+
+
+def _best_worst(proxy: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    order = torch.argsort(proxy, descending=True, stable=True)
+    n_best = k // 2
+    return torch.cat([order[:n_best], torch.flip(order, [0])[: k - n_best]])
+
+
+def _mean_deviation(proxy: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    return torch.argsort((proxy - proxy.mean()).abs(), descending=True, stable=True)[:k]
+
+
+def _random(proxy: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    return torch.randperm(proxy.numel(), generator=generator)[:k]
+
+
+def _extremes_random(proxy: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    order = torch.argsort(proxy, descending=True, stable=True)
+    rest = order[1:-1]
+    return torch.cat([order[:1], order[-1:], rest[torch.randperm(rest.numel(), generator=generator)[: k - 2]]])
+
+
+SELECTION_MODES: dict[str, Select] = {
+    "best_worst": _best_worst,
+    "random": _random,
+    "mean_deviation": _mean_deviation,
+    "extremes_random": _extremes_random,
+}
+RANDOM_MODES = frozenset({"random", "extremes_random"})  # the modes that draw from the generator
 
 
 def select_candidates(
@@ -37,16 +67,6 @@ def select_candidates(
         raise ValueError(f"unknown selection mode {mode!r}: choose one of {', '.join(SELECTION_MODES)}")
     if k == n:
         return torch.arange(n)
-    order = torch.argsort(proxy, descending=True, stable=True)
-    if mode == "best_worst":
-        n_best = k // 2
-        return torch.cat([order[:n_best], torch.flip(order, [0])[: k - n_best]])
-    if mode == "mean_deviation":
-        return torch.argsort((proxy - proxy.mean()).abs(), descending=True, stable=True)[:k]
-    if generator is None:
+    if mode in RANDOM_MODES and generator is None:
         raise ValueError(f"selection mode {mode!r} draws at random: pass a seeded generator")
-    if mode == "random":
-        return torch.randperm(n, generator=generator)[:k]
-    best, worst = order[0], order[-1]
-    rest = order[1:-1]
-    return torch.cat([best.view(1), worst.view(1), rest[torch.randperm(n - 2, generator=generator)[: k - 2]]])
+    return SELECTION_MODES[mode](proxy, k, generator)

@@ -29,6 +29,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from learner.ema import ParameterEMA
+
 if TYPE_CHECKING:
     from diffusion.policy import FlowPolicy
 
@@ -49,6 +51,8 @@ class TrainingConfig(BaseModel):
     weight_decay: float = Field(1e-4, ge=0)
     eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, gt=0, description="max total grad L2 norm; inf disables clipping")
+    ema: bool = Field(True, description="keep an EMA of θ and evaluate it (the official config.train.ema)")
+    ema_decay: float = Field(0.9, ge=0, lt=1, description="the EMA's decay cap: min((1+s)/(10+s), ema_decay)")
 
 
 def _device_of(module: nn.Module) -> torch.device:
@@ -90,6 +94,7 @@ class TrainingState:
             self._init_lora(seed)
         else:
             self._init_full()
+        self.ema = ParameterEMA(self._theta, self.config.ema_decay) if self.config.ema else None
         self.optimizer = torch.optim.AdamW(
             list(self._theta.values()),
             lr=self.config.lr,
@@ -155,7 +160,7 @@ class TrainingState:
         for param in self._theta.values():
             param.requires_grad_(True)
         self._set_view("theta")
-        merged_keys = list(self._merged_old_lora().keys())
+        merged_keys = list(self._merged_lora("old").keys())
         if merged_keys != self._base_keys:
             raise RuntimeError("LoRA injection changed the transformer's keys in an unexpected way")
 
@@ -219,6 +224,17 @@ class TrainingState:
         finally:
             self._set_view(previous)
 
+    @contextlib.contextmanager
+    def evaluated(self) -> Iterator[nn.Module]:
+        """θ as evaluation sees it: its EMA when `config.ema`, else θ itself; under no_grad. θ's own
+        values return on exit, bit for bit."""
+        with self.use("theta") as model, torch.no_grad():
+            if self.ema is None:
+                yield model
+            else:
+                with self.ema.applied(self._theta):
+                    yield model
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on CUDA; a no-op elsewhere (CPU runs in the weights' dtype)."""
         if self.device.type == "cuda":
@@ -255,6 +271,16 @@ class TrainingState:
         self.optimizer.zero_grad(set_to_none=True)
         return value
 
+    def update_ema(self, step: int) -> None:
+        """Fold θ into its EMA after optimizer step number `step` (1 for the first); no-op without one."""
+        if self.ema is not None:
+            self.ema.update(self._theta, step)
+
+    def skip_step(self) -> None:
+        """Count a skipped update and drop whatever gradients were accumulated."""
+        self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+
     @torch.no_grad()
     def soft_update(self, decay: float) -> None:
         """θ_old ← decay·θ_old + (1 − decay)·θ, in place (decay 0: copy θ exactly; 1: no change)."""
@@ -272,10 +298,6 @@ class TrainingState:
         torch._foreach_add_(old, theta, alpha=1.0 - decay)
 
     # ---- explorer weights ----------------------------------------------------------------------
-    @torch.no_grad()
-    def _merged_old_lora(self) -> dict[str, torch.Tensor]:
-        return self._merged_lora("old")
-
     @torch.no_grad()
     def merged_weights(self, view: str = "theta") -> dict[str, torch.Tensor]:
         """θ ("theta") or θ_old ("old") as a plain transformer state dict (fresh or frozen tensors)."""
@@ -299,14 +321,9 @@ class TrainingState:
             out[f"{name}.weight"] = (base.float() + delta.float()).to(base.dtype)
         return {key: out[key] for key in self._base_keys if key in out}
 
-    @torch.no_grad()
     def sampling_weights(self) -> dict[str, torch.Tensor]:
-        """θ_old as a plain transformer state dict (the base's keys, shapes and dtypes).
-
-        LoRA: W + (alpha/rank)·B_old@A_old on the adapted weights (fresh tensors); the other entries
-        are the frozen base tensors themselves. Full mode: θ_old's own tensors, which the next
-        `soft_update` overwrites in place — copy them if they must outlive it.
-        """
-        if self.mode == "full":
-            return {k: v.detach() for k, v in self.old_model.state_dict().items()}
-        return self._merged_old_lora()
+        """θ_old as a plain transformer state dict (the base's keys, shapes and dtypes): what the explore
+        engines sample with. LoRA: W + (alpha/rank)·B_old@A_old on the adapted weights (fresh tensors),
+        the frozen base tensors elsewhere. Full mode: θ_old's own tensors, which the next `soft_update`
+        overwrites in place — copy them if they must outlive it."""
+        return self.merged_weights("old")

@@ -21,7 +21,7 @@ from cluster.config import load_config
 from cluster.figures import save_image_grid, save_reward_curve
 from diffusion.config import EMBEDDED_MODEL
 from diffusion.loading import load_policy
-from diffusion.noise import derive_seeds
+from diffusion.noise import grid_seeds
 from learner.checkpoint import (
     CorruptCheckpoint,
     NonFiniteWeights,
@@ -32,6 +32,7 @@ from learner.checkpoint import (
     verify_checkpoint,
     write_safetensors,
 )
+from learner.rollouts import generate
 from learner.trainer import Trainer
 from learner.training_state import TrainingConfig, TrainingState
 
@@ -58,6 +59,7 @@ def train_step(state: TrainingState, base) -> None:
     with state.use("theta") as model:
         loss = base.velocity(x, sigma, cond, transformer=model).square().mean()
     state.step(loss)
+    state.update_ema(1)
     state.soft_update(0.5)
 
 
@@ -112,11 +114,29 @@ def test_meta_records_checksums_and_the_checkpoint_verifies(saved):
     meta = verify_checkpoint(folder)
     assert meta["version"] == 2 and meta["iteration"] == 1
     assert sorted(meta["files"]) == sorted(["theta.safetensors", "old.safetensors", "optimizer.safetensors",
-                                            "rng.safetensors"])
+                                            "rng.safetensors", "ema.safetensors"])
     for name, entry in meta["files"].items():
         data = (folder / name).read_bytes()
         assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     assert safetensors_metadata(folder / "theta.safetensors") == {"format": "sol-rl-training-state"}
+
+
+def test_the_ema_of_theta_round_trips_and_an_old_checkpoint_restarts_it_from_theta(base, saved, tmp_path):
+    restored = make_state(base, seed=1)
+    load_checkpoint(saved["folder"], restored)
+    original = saved["state"].ema.average
+    assert all(torch.equal(restored.ema.average[k], original[k]) for k in original)
+    theta = restored.theta_parameters()
+    assert any(not torch.equal(original[k], theta[k]) for k in original), "the EMA must differ from θ here"
+    # a checkpoint written without an EMA (training.ema=false) restarts the EMA from θ, with a warning
+    plain = TrainingState(copy.deepcopy(base.transformer), TrainingConfig(lora_rank=4, lora_alpha=8, ema=False),
+                          family_targets=base.family.lora_targets)
+    load_checkpoint(saved["folder"], plain)
+    save_checkpoint(tmp_path / "no_ema", plain, iteration=1)
+    assert not (tmp_path / "no_ema" / "ema.safetensors").exists()
+    with pytest.warns(UserWarning, match="no EMA of θ in this checkpoint"):
+        load_checkpoint(tmp_path / "no_ema", restored)
+    assert all(torch.equal(restored.ema.average[k], theta[k]) for k in theta)
 
 
 def test_nan_bytes_in_theta_are_refused(base, saved, tmp_path):
@@ -318,7 +338,7 @@ def test_final_weights_are_deterministic_files(tmp_path):
 
 
 def test_publish_and_save_final_refuse_non_finite_weights(tmp_path):
-    trainer = small_trainer("eval.prompts=1")
+    trainer = small_trainer("eval.prompts=1", "training.ema=false")  # θ itself is what final/ holds
     theta = trainer.state.theta_parameters()
     name = sorted(k for k in theta if ".lora_B." in k)[0]
     layer = name.split(".lora_B.")[0]
@@ -328,24 +348,27 @@ def test_publish_and_save_final_refuse_non_finite_weights(tmp_path):
 
     with pytest.raises(NonFiniteWeights) as info:
         trainer.save_final(tmp_path / "final")
-    assert str(info.value) == (f"save_final: refusing to write non-finite theta weights to {tmp_path / 'final'}: "
+    assert str(info.value) == (f"save_final: refusing to write non-finite weights to "
+                               f"{tmp_path / 'final' / 'transformer.safetensors'}: "
                                f"{in_features} non-finite values in '{layer}.weight'")
     assert not (tmp_path / "final").exists()
 
     trainer.publish()  # θ_old is still finite: publishing it is fine
-    engine_before = {k: v.clone() for k, v in trainer.engine.state_dict().items()}
+    engine_before = {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
     trainer.state.soft_update(0.0)  # θ_old ← θ: now the sampling policy is broken too
+    trainer.version = 1  # as after an update: the engine is behind and must be published to
     with pytest.raises(NonFiniteWeights) as info:
         trainer.publish()
-    assert str(info.value) == ("publish: refusing to publish a non-finite sampling policy (version 0): "
+    assert str(info.value) == ("publish: refusing to publish a non-finite sampling policy (version 1): "
                                f"{in_features} non-finite values in '{layer}.weight'")
-    after = trainer.engine.state_dict()
+    after = trainer.engine.module.state_dict()
     assert all(torch.equal(engine_before[k], after[k]) for k in engine_before), "the engine got NaN weights"
 
 
 def test_sample_grid_ignores_the_prompt_cache_and_thread_count():
     """Before: a held-out prompt encoded first as a batch of one (evaluate) and later with the others
-    (sample_images) gave conditionings that differ in the last bit, and so different grids."""
+    (sample_images) gave conditionings that differ in the last bit, and so different grids. A prompt is
+    now encoded alone on one thread wherever it comes from."""
     plain, evaluated = small_trainer(), small_trainer()
     evaluated.evaluate()  # fills the prompt cache one prompt at a time, as the base evaluation does
     torch.set_num_threads(2)
@@ -360,12 +383,10 @@ def test_sample_grid_ignores_the_prompt_cache_and_thread_count():
         torch.set_num_threads(2)
     # the merged plain transformer samples θ: the LoRA-adapted one agrees up to rounding
     prompts = [p for p in plain.eval_prompts for _ in range(3)]
-    seeds = [s for slot in range(len(plain.eval_prompts))
-             for s in derive_seeds(plain.seed, -1, 1000 + slot, 3)]
-    with torch.no_grad(), plain.state.use("theta") as model:
-        x0 = plain.policy.sample(prompts, seeds, steps=plain.config.sampler.steps, solver=plain.config.sampler.solver,
-                                 transformer=model).x0
-    assert torch.allclose(plain.policy.decode(x0), images, atol=1e-5, rtol=0)
+    seeds = [s for slot in range(len(plain.eval_prompts)) for s in grid_seeds(plain.seed, slot, 3)]
+    with plain.state.evaluated() as model:
+        adapted = generate(plain.policy, model, None, prompts, seeds, plain.eval_sampling, return_images=True).images
+    assert torch.allclose(adapted, images, atol=1e-5, rtol=0)
 
 
 def test_resumed_run_draws_the_same_grid_bytes(tmp_path):

@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 
 from cluster import driver, launch
 from cluster.config import load_config
-from diffusion.noise import derive_seeds
-from diffusion.quant import load_weights
-from learner.rollouts import explore_group
+from diffusion.noise import candidate_seeds
+from learner.evaluation import evaluated_weights
+from learner.rollouts import exploration_sampling, explore_group
 from learner.trainer import Trainer
 from weight_sync.codecs import Manifest, decode
 
@@ -85,15 +85,17 @@ def single_process(cfg, lagged: bool = False) -> dict[str, torch.Tensor]:
             groups = None
             if lagged and iteration > 0:
                 previous = trainer.version - 1
-                load_weights(trainer.engine, versions[previous])
+                trainer.engine.load(versions[previous])
                 groups = [
-                    explore_group(trainer.policy, trainer.engine, trainer.reward, iteration=iteration, slot=s, prompt=p,
-                                  seeds=derive_seeds(cfg.run.seed, iteration, s, cfg.prompts.candidates),
-                                  steps=cfg.explore.steps, solver=cfg.explore.solver, policy_version=previous)
+                    explore_group(trainer.policy, trainer.engine.module, trainer.reward, iteration=iteration, slot=s,
+                                  prompt=p, seeds=candidate_seeds(cfg.run.seed, iteration, s, cfg.prompts.candidates),
+                                  sampling=exploration_sampling(cfg), policy_version=previous)
                     for s, p in enumerate(trainer.prompts_for(iteration))]
-            trainer.finish_iteration(trainer.train_iteration(iteration, groups))
-            versions[trainer.version] = trainer.state.sampling_weights()
-        return {k: v.clone() for k, v in trainer.state.merged_weights("theta").items()}
+            metrics = trainer.train_iteration(iteration, groups)
+            trainer.publish()
+            trainer.finish_iteration(metrics)
+            versions[trainer.version] = {k: v.clone() for k, v in trainer.state.sampling_weights().items()}
+        return evaluated_weights(trainer.state)
     finally:
         torch.set_num_threads(threads)
 

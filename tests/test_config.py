@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cluster.config import ConfigError, load_config
-from diffusion.explore import build_explore_engine
+from diffusion.explore import ExploreEngine, explore_plan
 from diffusion.quant import quantized_layer_names
 from learner.fidelity import fidelity, hit_rate, tolerant_hit_rate
 
@@ -113,16 +113,18 @@ def test_a_preset_that_is_a_folder_or_not_a_mapping_is_refused(tmp_path):
     assert load_config(tmp_path / "comments.yaml").run.name == "embedded"
 
 
-def test_explore_engine_follows_the_family_skip_list_and_min_dim(embedded_policy):
+def test_embedded_engine_quantizes_the_ffn_as_sd35_large_does(embedded_policy):
+    """min_dim 64 is the embedded model's width, as 2432 is SD3.5-L's: under the official rule every
+    width-sized Linear (attention, projections) stays high precision and only the 4× wider image-stream
+    FFN runs in NVFP4 (ff_context is on the SD3 skip list)."""
     config = load_config("configs/embedded.yaml")
-    names = quantized_layer_names(build_explore_engine(embedded_policy, config.explore))
-    assert names, "the embedded engine must quantize something"
-    skipped = ("pos_embed", "context_embedder", "time_text_embed", "norm_out", "norm1", "ff_context")
-    assert not [n for n in names if any(s in n.split(".") for s in skipped)]
-    assert "proj_out" not in names  # 64 → 4: below min_dim 64
-    assert {"transformer_blocks.0.attn.to_q", "transformer_blocks.0.ff.net.0.proj"} <= set(names)
-    none = build_explore_engine(embedded_policy, config.explore.model_copy(update={"precision": "none"}))
-    assert quantized_layer_names(none) == []
+    engine = ExploreEngine(embedded_policy, config.explore)
+    expected = [f"transformer_blocks.{i}.ff.{layer}" for i in range(4) for layer in ("net.0.proj", "net.2")]
+    assert quantized_layer_names(engine.module) == list(engine.plan.layers) == expected
+    assert engine.plan.quantized_weights == tuple(f"{name}.weight" for name in expected)
+    plain = config.explore.model_copy(update={"precision": "none"})
+    assert quantized_layer_names(ExploreEngine(embedded_policy, plain).module) == []
+    assert explore_plan(embedded_policy, plain).layers == ()
 
 
 def test_hit_rates_and_rank_correlations_on_known_rankings():

@@ -18,7 +18,7 @@ from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, 
 from diffusion.embedded.model import build_text_encoder, build_tokenizer, build_transformer, save_model_folder
 from diffusion.families import SD3
 from diffusion.loading import load_policy
-from diffusion.noise import derive_seeds, initial_noise
+from diffusion.noise import candidate_seeds, initial_noise
 
 PROMPTS = ["a handwritten digit seven", "a drawing of the digit two"]
 
@@ -65,16 +65,16 @@ def test_loaded_sd3_matches_the_diffusers_pipeline(tiny_sd3_folder):
     folder, pipe = tiny_sd3_folder
     policy = load_policy(folder)
     assert policy.family.name == "sd3" and policy.latent_shape == (4, 8, 8) and policy.shift == 3.0
-    seeds = derive_seeds(0, 0, 0, len(PROMPTS))
+    seeds = candidate_seeds(0, 0, 0, len(PROMPTS))
     noise = initial_noise(seeds, policy.latent_shape)
 
     ours = policy.sample(PROMPTS, seeds, steps=4, solver="euler").x0
     theirs = pipe(PROMPTS, latents=noise.clone(), num_inference_steps=4, guidance_scale=1.0, height=16, width=16,
-                  output_type="latent").images
+                  max_sequence_length=128, output_type="latent").images
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
 
     images = pipe(PROMPTS, latents=noise.clone(), num_inference_steps=4, guidance_scale=1.0, height=16, width=16,
-                  output_type="pt").images
+                  max_sequence_length=128, output_type="pt").images
     torch.testing.assert_close(policy.decode(ours), images, rtol=0, atol=1e-5)
     assert policy.decode(ours).shape == (2, 3, 16, 16)
 
@@ -82,11 +82,11 @@ def test_loaded_sd3_matches_the_diffusers_pipeline(tiny_sd3_folder):
 def test_cfg_matches_the_pipeline_guidance(tiny_sd3_folder):
     folder, pipe = tiny_sd3_folder
     policy = load_policy(folder)
-    seeds = derive_seeds(0, 0, 1, len(PROMPTS))
+    seeds = candidate_seeds(0, 0, 1, len(PROMPTS))
     noise = initial_noise(seeds, policy.latent_shape)
     ours = policy.sample(PROMPTS, seeds, steps=3, cfg_scale=4.5).x0
     theirs = pipe(PROMPTS, latents=noise.clone(), num_inference_steps=3, guidance_scale=4.5, height=16, width=16,
-                  output_type="latent").images
+                  max_sequence_length=128, output_type="latent").images
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 
 
@@ -95,8 +95,8 @@ def test_prompt_encoding_is_cached_per_prompt(tiny_sd3_folder):
     first = policy.encode([PROMPTS[0], PROMPTS[1], PROMPTS[0]])
     assert len(policy._prompt_cache) == 2
     assert torch.equal(first["prompt_embeds"][0], first["prompt_embeds"][2])
-    # CLIP tokens (12) then T5 tokens (256), widths padded to joint_attention_dim
-    assert first["prompt_embeds"].shape == (3, 12 + 256, 32) and first["pooled_projections"].shape == (3, 24)
+    # CLIP tokens (12) then T5 tokens (128, the official script's length), widths padded to joint_attention_dim
+    assert first["prompt_embeds"].shape == (3, 12 + 128, 32) and first["pooled_projections"].shape == (3, 24)
 
 
 def test_embedded_save_load_round_trip_is_exact(tmp_path):

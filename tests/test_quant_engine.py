@@ -13,13 +13,15 @@ from torch import nn
 
 from diffusion.quant import (
     PRECISIONS,
+    QuantConv1x1,
     QuantLinear,
+    build_engine,
     eligible_linear_names,
+    engine_backend,
     fp4_autocast,
     fp8_fake_quant,
     is_blackwell,
     load_weights,
-    name_matches,
     nvfp4_fake_quant,
     quantize_model,
     quantized_layer_names,
@@ -27,7 +29,7 @@ from diffusion.quant import (
     swap_to_te_linear,
     te_available,
 )
-from diffusion.quant.engine import _modelopt_quantize
+from diffusion.quant.layer_rule import is_replaced
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 
@@ -87,20 +89,23 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {key: value.clone() for key, value in model.state_dict().items()}
 
 
-def test_name_matching_is_by_whole_dotted_components() -> None:
+def test_skip_patterns_match_as_substrings_of_the_name() -> None:
+    """The official rule: a pattern skips every layer whose qualified name contains it, literally."""
     cases = [
         ("norm1", "transformer_blocks.0.norm1.linear", True),
-        ("norm1", "blocks.0.norm10", False),
+        ("norm1", "blocks.0.norm10", True),
         ("attn.qkv", "blocks.3.attn.qkv", True),
-        ("qkv", "blocks.3.attn.to_qkv", False),
-        ("proj*", "blocks.3.attn.proj_out", True),
-        ("blocks.*.ff", "blocks.1.ff.0", True),
+        ("qkv", "blocks.3.attn.to_qkv", True),
+        ("proj*", "blocks.3.attn.proj_out", False),  # no globs: "*" is a character like any other
+        ("blocks.*.ff", "blocks.1.ff.0", False),
         ("ff.0", "blocks.1.ff.0", True),
         ("ff.2", "blocks.1.ff.0", False),
         ("proj_in", "proj_in", True),
-        ("blocks.1", "blocks.10.ff.0", False),
+        ("blocks.1", "blocks.10.ff.0", True),
+        ("Norm1", "blocks.0.norm1", False),  # case-sensitive
     ]
-    assert [name_matches(name, pattern) for pattern, name, _ in cases] == [want for *_, want in cases]
+    skipped = [not is_replaced(name, 64, 64, skip=[pattern], min_dim=0) for pattern, name, _ in cases]
+    assert skipped == [want for *_, want in cases]
 
 
 def test_selection_rules() -> None:
@@ -118,11 +123,18 @@ def test_selection_rules() -> None:
         "blocks.1.attn.proj_out",
         "proj_out",
     ]
-    # Every Linear here has 32 or 20 as one of its dims.
-    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=33)) == []
-    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=32)) == [
-        name for name in everything if name not in ("proj_in", "proj_out")
+    # "proj" is a substring of proj_in, attn.proj_out and proj_out.
+    assert quantized_layer_names(quantize_model(model, "nvfp4", skip=["proj"])) == [
+        name for name in everything if "proj" not in name
     ]
+    # min_dim skips a layer when max(in, out) <= min_dim. Larger dims here: proj_in 32, norm1.linear 64,
+    # qkv 48, attn.proj_out 48, ff.0 64, ff.2 64, proj_out 32.
+    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=64)) == []
+    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=48)) == [
+        name for name in everything if name.endswith(("norm1.linear", "ff.0", "ff.2"))
+    ]
+    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=32)) == everything[1:-1]
+    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=31)) == everything
     assert quantized_layer_names(quantize_model(model, "none")) == []
 
 
@@ -288,11 +300,12 @@ def test_te_unavailable_is_a_clear_error() -> None:
 
 def test_modelopt_backend_matches_the_project_backend_for_fp8_on_cpu() -> None:
     """modelopt's FP8 fake quant also runs on CPU (its NVFP4 one is CUDA-only), so the modelopt
-    backend's config, layer selection and refresh are exercised here through its builder."""
+    backend's config, layer selection and refresh are exercised here through the backend registry
+    (``build_engine`` takes the concrete backend as given; ``quantize_model`` would refuse the CPU)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        engine = _modelopt_quantize(copy.deepcopy(mlp(0)), ["0", "4"], "fp8")
-        assert quantized_layer_names(engine) == ["0", "4"]
+        engine = build_engine(mlp(0), "fp8", "modelopt", linears=["0", "4"])
+        assert quantized_layer_names(engine) == ["0", "4"] and engine_backend(engine) == "modelopt"
         reference = quantize_model(mlp(0), "fp8", skip=["2"], backend="project")
         x = torch.randn(6, 32, generator=torch.Generator().manual_seed(4))
         with torch.no_grad():
@@ -307,3 +320,67 @@ def test_modelopt_backend_matches_the_project_backend_for_fp8_on_cpu() -> None:
             load_weights(reference, new.state_dict())
             assert engine[0].weight_quantizer.amax == new[0].weight.abs().max()
             assert_bitwise_equal(engine(x), reference(x))
+
+
+class ConvFFN(nn.Module):
+    """SANA-shaped: a 1×1 conv up, GELU, a 1×1 conv down, on an NCHW latent."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.up = nn.Conv2d(32, 64, 1)
+            self.down = nn.Conv2d(64, 24, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+def hand_conv1x1(conv: nn.Conv2d, x: torch.Tensor, precision: str) -> torch.Tensor:
+    """The official conv-as-Linear: NCHW → [B, H·W, C] rows, a quantized GEMM, back to NCHW."""
+    quant_x, quant_w = QUANT[precision]
+    batch, _, height, width = x.shape
+    rows = x.flatten(2).transpose(1, 2)
+    weight = quant_w(conv.weight.detach().reshape(conv.out_channels, conv.in_channels))
+    return F.linear(quant_x(rows), weight, conv.bias).transpose(1, 2).reshape(batch, -1, height, width)
+
+
+@pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_w4a16", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv1x1_runs_as_a_quantized_linear_over_channels(precision: str, dtype: torch.dtype) -> None:
+    model = ConvFFN().to(dtype)
+    x = torch.randn(2, 32, 5, 3, generator=torch.Generator().manual_seed(5)).to(dtype)
+    engine = quantize_model(model, precision, conv1x1=True, backend="project")
+    assert isinstance(engine.up, QuantConv1x1) and quantized_layer_names(engine) == ["up", "down"]
+    assert list(engine.state_dict()) == list(model.state_dict())
+    assert engine.up.weight.shape == (64, 32, 1, 1) and engine.up.weight_fq.shape == (64, 32)
+    with torch.no_grad():
+        expected = hand_conv1x1(model.down, F.gelu(hand_conv1x1(model.up, x, precision)), precision)
+        assert_bitwise_equal(engine(x), expected)
+        assert not torch.equal(engine(x), model(x))
+    assert quantized_layer_names(quantize_model(model, precision)) == []  # convs only with conv1x1
+
+
+@pytest.mark.parametrize("precision", ["nvfp4", "fp8"])
+def test_conv1x1_load_weights_then_refresh_equals_a_fresh_engine(precision: str) -> None:
+    engine = quantize_model(ConvFFN(0), precision, conv1x1=True)
+    new = ConvFFN(1)
+    load_weights(engine, new.state_dict())
+    fresh = quantize_model(new, precision, conv1x1=True)
+    x = torch.randn(3, 32, 4, 4)
+    with torch.no_grad():
+        assert_bitwise_equal(engine(x), fresh(x))
+    assert_bitwise_equal(engine.down.weight_fq, fresh.down.weight_fq)
+
+
+def test_every_engine_runs_in_its_backends_runtime_and_deep_copies_call_the_copy() -> None:
+    engine = quantize_model(mlp(0), "nvfp4")
+    assert engine_backend(engine) == "project" and engine_backend(mlp(0)) is None
+    assert set(engine.state_dict()) == set(mlp(0).state_dict())
+    x = torch.randn(4, 32)
+    copied = copy.deepcopy(engine)
+    load_weights(copied, mlp(1).state_dict())
+    with torch.no_grad():
+        assert torch.equal(copied(x), quantize_model(mlp(1), "nvfp4")(x))  # the copy's own weights
+        assert torch.equal(engine(x), quantize_model(mlp(0), "nvfp4")(x))
+    assert engine_backend(quantize_model(mlp(0), "none")) is None  # a plain copy runs no backend

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffusion.noise import derive_seed, derive_seeds, initial_noise
+from diffusion.noise import candidate_seeds, derive_seed, initial_noise
 from diffusion.samplers import flow_sigmas, sample_ode
 
 
@@ -18,7 +18,7 @@ def test_derive_seed_is_a_pure_function_of_its_arguments():
     variants = {derive_seed(0, 1, 2, 3), derive_seed(1, 1, 2, 3), derive_seed(0, 2, 2, 3),
                 derive_seed(0, 1, 3, 3), derive_seed(0, 1, 2, 4), derive_seed(0, 2, 1, 3)}
     assert len(variants) == 6
-    seeds = derive_seeds(7, 0, 0, 1000)
+    seeds = candidate_seeds(7, 0, 0, 1000)
     assert len(set(seeds)) == 1000 and all(0 <= s < 2**63 for s in seeds)
 
 
@@ -95,7 +95,7 @@ def test_unknown_solver_is_refused():
 
 def test_embedded_dpm2_beats_euler_against_a_fine_step_reference(embedded_policy):
     prompts = ["a handwritten digit three"] * 8
-    seeds = derive_seeds(0, 0, 0, 8)
+    seeds = candidate_seeds(0, 0, 0, 8)
     reference = embedded_policy.sample(prompts, seeds, steps=200, solver="euler").x0
     for steps in (6, 10, 20):  # at ≤ 4 steps dpm2 degenerates to Euler (first-order ends)
         euler = embedded_policy.sample(prompts, seeds, steps=steps, solver="euler").x0
@@ -108,10 +108,10 @@ import sys, torch
 from safetensors.torch import save_file
 from diffusion.loading import load_policy
 from diffusion.config import EMBEDDED_MODEL
-from diffusion.noise import derive_seeds, initial_noise
+from diffusion.noise import candidate_seeds, initial_noise
 torch.set_num_threads(1)
 policy = load_policy(EMBEDDED_MODEL)
-seeds = derive_seeds(11, 2, 3, 4)
+seeds = candidate_seeds(11, 2, 3, 4)
 x = policy.sample(["a handwritten digit five"] * 4, seeds, steps=6, solver="dpm2").x0
 save_file({"noise": initial_noise(seeds, policy.latent_shape), "x0": x.contiguous()}, sys.argv[1])
 """
@@ -121,7 +121,7 @@ def test_seed_replay_is_bit_identical_across_processes(tmp_path, embedded_policy
     out = tmp_path / "replay.safetensors"
     subprocess.run([sys.executable, "-c", _REPLAY, str(out)], check=True, timeout=300)
     other = load_file(str(out))
-    seeds = derive_seeds(11, 2, 3, 4)
+    seeds = candidate_seeds(11, 2, 3, 4)
     torch.set_num_threads(1)
     try:
         here = embedded_policy.sample(["a handwritten digit five"] * 4, seeds, steps=6, solver="dpm2").x0

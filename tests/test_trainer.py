@@ -1,4 +1,4 @@
-"""The single-process trainer on the embedded model, at a tiny scale: families, resume, faults."""
+"""The single-process trainer on the embedded model, at a tiny scale: algorithms, resume, faults."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def theta(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("family", "fp_steps", "lp_steps"),
+    ("algorithm", "fp_steps", "lp_steps"),
     [
         ("diffusionnft", 2 * 4 * 4, 0),  # K samples at full precision
         ("naive_scaling", 2 * 8 * 4, 0),  # N at full precision
@@ -33,21 +33,24 @@ def theta(trainer: Trainer) -> dict[str, torch.Tensor]:
         ("sol_rl", 2 * 4 * 4, 2 * 8 * 3),  # N at low precision, explore steps + K regenerated
     ],
 )
-def test_families_sample_what_the_paper_says(family, fp_steps, lp_steps):
-    trainer = small_trainer(f"learner.family={family}")
+def test_algorithms_sample_what_the_paper_says(algorithm, fp_steps, lp_steps):
+    trainer = small_trainer(f"learner.algorithm={algorithm}")
     before = theta(trainer)
     metrics = trainer.train_iteration(0)
     assert (metrics["fp_sample_steps"], metrics["lp_sample_steps"]) == (fp_steps, lp_steps)
     assert trainer.version == 1 and not metrics.get("skipped")
     assert any(not torch.equal(before[k], v) for k, v in theta(trainer).items()), "θ must move"
-    assert ("rank_spearman" in metrics) == (family == "sol_rl")
+    assert ("rank_spearman" in metrics) == (algorithm == "sol_rl")
 
 
-def test_engine_receives_the_sampling_policy_after_an_update():
+def test_engine_receives_the_sampling_policy_when_published():
     trainer = small_trainer()
     trainer.train_iteration(0)
+    with pytest.raises(RuntimeError, match="call publish"):  # a stale engine is refused, never used
+        trainer.train_iteration(1)
+    trainer.publish()
     published = trainer.state.sampling_weights()
-    engine_state = trainer.engine.state_dict()
+    engine_state = trainer.engine.module.state_dict()
     assert published.keys() <= engine_state.keys()
     assert all(torch.equal(engine_state[k], v) for k, v in published.items())
 
@@ -83,24 +86,25 @@ class NaNReward(Reward):
 
 def test_nan_rewards_skip_the_update_and_publish_nothing():
     trainer = small_trainer("reward.weights={nan_for_tests: 1.0}")
-    before, engine_before = theta(trainer), {k: v.clone() for k, v in trainer.engine.state_dict().items()}
+    before, engine_before = theta(trainer), {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
     metrics = trainer.train_iteration(0)
+    trainer.publish()
     assert metrics["skipped"] and metrics["skipped_updates"] == 1 and trainer.version == 0
     assert all(torch.equal(before[k], v) for k, v in theta(trainer).items())
-    assert all(torch.equal(engine_before[k], v) for k, v in trainer.engine.state_dict().items())
+    assert all(torch.equal(engine_before[k], v) for k, v in trainer.engine.module.state_dict().items())
 
 
 def test_shuffled_rewards_keep_each_prompts_reward_multiset():
     plain, shuffled = small_trainer(), small_trainer("learner.shuffle_rewards=true")
-    groups = [plain.collect(0, slot, p) for slot, p in enumerate(plain.prompts_for(0))]
-    a = plain._rewards_for_update(0, groups)
-    b = shuffled._rewards_for_update(0, groups)
+    groups = [plain.rollout(0, slot, p) for slot, p in enumerate(plain.prompts_for(0))]
+    a = plain.rewards_for_update(0, groups)
+    b = shuffled.rewards_for_update(0, groups)
     assert not torch.equal(a, b)
     assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
 
 
 def test_art_objective_runs_both_windows():
-    trainer = small_trainer("learner.objective=art", "learner.decay.type=0", "learner.family=diffusionnft")
+    trainer = small_trainer("learner.objective=art", "learner.decay.type=0", "learner.algorithm=diffusionnft")
     before = theta(trainer)
     metrics = trainer.train_iteration(0)
     assert {"window1_loss", "window2_loss", "window1_grad_norm", "window2_grad_norm"} <= metrics.keys()

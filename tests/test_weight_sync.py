@@ -5,11 +5,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import ray
 import torch
 
+from diffusion.config import ExploreConfig
+from diffusion.explore import ExploreEngine
+from diffusion.families import QuantPolicy
 from diffusion.quant import load_weights, nvfp4_fake_quant, quantize_model, quantized_layer_names
 from weight_sync.codecs import CorruptSnapshot, Manifest, decode, encode, payload_bytes
 from weight_sync.publisher import WeightPublisher
@@ -73,6 +77,33 @@ def test_engine_loaded_from_an_nvfp4_snapshot_equals_one_loaded_densely():
     assert torch.equal(engine_a(x), engine_b(x))
 
 
+def test_nvfp4_packs_a_1x1_conv_weight_as_the_engines_gemm_matrix():
+    """A 1×1 conv runs as a Linear over channels: its [out, in, 1, 1] weight is quantized as the
+    [out, in] matrix (blocks along in), and decodes to exactly the engine's fake-quantized weight."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(48, 32, 1), torch.nn.GELU(), torch.nn.Conv2d(32, 40, 1, bias=False))
+    engine_a, engine_b = (quantize_model(model, "nvfp4", conv1x1=True, backend="project") for _ in range(2))
+    names = [f"{n}.weight" for n in quantized_layer_names(engine_a)]
+    assert names == ["0.weight", "2.weight"]
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    arrays, manifest = encode(new, "nvfp4", version=1, quantize=names)
+    back = decode(arrays, Manifest.from_json(manifest.to_json()))
+    assert back["0.weight"].shape == (32, 48, 1, 1) and arrays["0.weight/scales"].shape == (32, 3)
+    assert torch.equal(back["0.weight"], nvfp4_fake_quant(new["0.weight"].reshape(32, 48)).reshape(32, 48, 1, 1))
+    load_weights(engine_a, new)
+    load_weights(engine_b, back, prequantized=names)
+    for name in ("0", "2"):
+        assert torch.equal(engine_a.get_submodule(name).weight_fq, engine_b.get_submodule(name).weight_fq)
+    x = torch.randn(2, 48, 3, 5)
+    assert torch.equal(engine_a(x), engine_b(x))
+
+
+def explore_engine(model: torch.nn.Module) -> ExploreEngine:
+    """The explorer's engine of `model` (a stand-in policy: every Linear quantized, project backend)."""
+    policy = SimpleNamespace(transformer=model, family=SimpleNamespace(quant=QuantPolicy(skip=(), min_dim=0)))
+    return ExploreEngine(policy, ExploreConfig(precision="nvfp4", backend="project"))
+
+
 def test_merge_lora_matches_the_definition():
     g = torch.Generator().manual_seed(0)
     base = {"l.weight": torch.randn(8, 6, generator=g)}
@@ -106,8 +137,9 @@ def test_publish_fetch_and_restart_on_a_real_cluster(local_ray, restart_sync_ser
     (node, service), = services.items()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 16))
-    engine = quantize_model(model, "nvfp4", backend="project")
-    names = [f"{n}.weight" for n in quantized_layer_names(engine)]
+    engine = explore_engine(model)
+    names = engine.plan.quantized_weights
+    assert names == ("0.weight", "1.weight")
     publisher = WeightPublisher(services, "nvfp4", quantize=names)
     subscriber = WeightSubscriber(service, engine)
     assert subscriber.poll() is None  # nothing published yet
@@ -116,7 +148,7 @@ def test_publish_fetch_and_restart_on_a_real_cluster(local_ray, restart_sync_ser
     info = publisher.publish(new, version=1)
     assert info["bytes"] > 0
     assert subscriber.poll()["version"] == 1 and subscriber.poll() is None
-    assert torch.equal(engine[0].weight_fq, nvfp4_fake_quant(new["0.weight"]))
+    assert torch.equal(engine.module[0].weight_fq, nvfp4_fake_quant(new["0.weight"]))
 
     restart_sync_service(service)  # the service restarts empty ...
     assert publisher.republish() == [node]  # ... and the learner republishes to it

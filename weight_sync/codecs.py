@@ -6,7 +6,9 @@
 - `dense`: every tensor as is (bf16 travels as its uint16 bit pattern: numpy has no bfloat16).
 - `nvfp4`: the tensors named in `quantize` as packed NVFP4 — 4-bit codes two per byte, E4M3 block
   scales (as uint8 bit patterns), one FP32 tensor scale — ≈ 4.5 bits per element; the rest dense.
-  Decoding yields exactly the engine's fake-quantized values (`nvfp4_fake_quant`), bit for bit.
+  A 1×1 convolution weight `[out, in, 1, 1]` is packed as the `[out, in]` matrix the engine runs (its
+  blocks along `in`) and decoded back to its shape. Decoding yields exactly the engine's
+  fake-quantized values (`nvfp4_fake_quant` of that matrix), bit for bit.
 - `lora`: the sampling adapter's tensors only (a few MB); the explorer merges them into its base.
 Numpy arrays, not tensors, because Ray's object store maps numpy zero-copy in every reader on a
 node (a torch tensor is pickled and copied: measured 6× slower to put, 300× slower to get).
@@ -96,6 +98,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def _gemm_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape a weight is NVFP4-packed in: a 1×1 conv's `[out, in, 1, 1]` as its GEMM's `[out, in]`
+    (NVFP4 blocks run along the last dim, which must be the input channels), anything else as is."""
+    if len(shape) == 4 and shape[2:] == (1, 1):
+        return shape[:2]
+    return shape
+
+
 def encode(
     state: Mapping[str, torch.Tensor],
     codec: Codec,
@@ -120,7 +130,7 @@ def encode(
     entries = []
     for name, tensor in state.items():
         if name in quantized:
-            packed = nvfp4_quantize(tensor.detach().cpu())
+            packed = nvfp4_quantize(tensor.detach().cpu().reshape(_gemm_shape(tuple(tensor.shape))))
             parts = {f"{name}/codes": _to_numpy(packed.codes), f"{name}/scales": _to_numpy(packed.block_scales),
                      f"{name}/global": _to_numpy(packed.global_scale.reshape(1))}
             kind = "nvfp4"
@@ -154,10 +164,10 @@ def decode(arrays: Mapping[str, np.ndarray], manifest: Manifest, *, verify: bool
                 codes=_from_numpy(parts[0], "uint8"),
                 block_scales=_from_numpy(parts[1], "uint8").view(torch.float8_e4m3fn),
                 global_scale=_from_numpy(parts[2], "float32").reshape(()),
-                shape=torch.Size(entry.shape),
+                shape=torch.Size(_gemm_shape(entry.shape)),
                 dtype=_DTYPES[entry.dtype],
             )
-            out[entry.name] = nvfp4_dequantize(packed)
+            out[entry.name] = nvfp4_dequantize(packed).reshape(entry.shape)
         else:
             out[entry.name] = _from_numpy(parts[0], entry.dtype).reshape(entry.shape)
     return out

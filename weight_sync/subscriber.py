@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import ray
 import torch
-from torch import nn
 
-from diffusion.quant import load_weights
 from weight_sync.codecs import Manifest, decode
+
+if TYPE_CHECKING:
+    from diffusion.explore import ExploreEngine
 
 
 def merge_lora(
@@ -30,10 +32,13 @@ def merge_lora(
 class WeightSubscriber:
     """poll(): if the service holds a newer version, decode it into the engine and return its info.
 
-    `base` (the explorer's own unmodified transformer weights) is needed for the `lora` codec only.
+    `engine` is the explorer's `ExploreEngine` (snapshots go through `engine.load`, which refreshes its
+    quantizers). `base` (the explorer's own unmodified transformer weights) is needed for the `lora`
+    codec only.
     """
 
-    def __init__(self, service: ray.actor.ActorHandle, engine: nn.Module, base: dict[str, torch.Tensor] | None = None):
+    def __init__(self, service: ray.actor.ActorHandle, engine: ExploreEngine,
+                 base: dict[str, torch.Tensor] | None = None):
         self.service = service
         self.engine = engine
         self.base = base
@@ -69,9 +74,9 @@ class WeightSubscriber:
             if self.base is None:
                 raise ValueError("a lora snapshot needs the explorer's base weights (WeightSubscriber(base=...))")
             scale = float(manifest.meta["lora_scale"])
-            load_weights(self.engine, merge_lora(self.base, state, scale), strict=False)
+            self.engine.load(merge_lora(self.base, state, scale), strict=False)
         else:
             prequantized = [e.name for e in manifest.entries if e.codec == "nvfp4"]
-            load_weights(self.engine, state, prequantized=prequantized)
+            self.engine.load(state, prequantized=prequantized)
         self.version = version
         return {"version": version, "fetch_s": fetched - start, "load_s": time.perf_counter() - fetched}

@@ -1,7 +1,7 @@
 """Train the embedded base model with the rectified-flow objective and save it as a model folder.
 
     python -m diffusion.embedded.train [--out DIR] [--steps N] [--seed S]
-    python -m rewards.evaluate_base_model        # then: its held-out reward, into model_metrics.json
+    python -m bench.base_model        # then: its held-out reward, into model_metrics.json
 
 Objective (rectified flow, SD3's logit-normal σ): x0 ~ data, ε ~ N(0, I), σ = sigmoid(n), n ~ N(0, 1),
 x_σ = (1 − σ)·x0 + σ·ε,  loss = ‖v_θ(x_σ, σ, c) − (ε − x0)‖².
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     (args.out.parent / "model_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps(metrics, indent=2))
-    print("score it with the digit classifier: python -m rewards.evaluate_base_model")
+    print("score it with the digit classifier: python -m bench.base_model")
 
 
 if __name__ == "__main__":

@@ -1,155 +1,52 @@
-"""Low-precision rollout engines: a deep copy of a policy whose ``nn.Linear`` layers run quantized.
+"""Low-precision rollout engines: a deep copy of a model whose eligible layers run quantized.
 
-"FP4 explore, BF16 train": the learner keeps the high-precision policy; actors sample with an
-engine built by :func:`quantize_model` and receive new weights through :func:`load_weights`.
+"FP4 explore, BF16 train": the learner keeps the high-precision policy; actors sample with an engine
+built by :func:`quantize_model` (or :func:`build_engine` from an explicit layer list) and receive
+new weights through :func:`load_weights`. Which layers: :mod:`diffusion.quant.layer_rule`; how they
+run: the backend (:mod:`diffusion.quant.backends`).
 
-Backends:
-
-* ``project`` (any device, the CPU default): :class:`QuantLinear` fake-quantizes with this
-  package's bit-exact NVFP4/FP8 functions. Weights are fake-quantized once per weight load and
-  cached; activations are fake-quantized on every call with a *dynamic* per-tensor amax
-  (``max|input|`` over the whole input, so every sample in a batch shares one activation scale).
-  modelopt's usual PTQ flow instead calibrates a *static* activation amax on sample data.
-* ``modelopt`` (CUDA only): ``mtq.quantize`` with the NVFP4 / W4A16-NVFP4 / FP8 preset. Weights
-  are max-calibrated; no calibration data is run, so activation amax is dynamic there too.
-* ``te`` (Blackwell + Transformer Engine): real NVFP4 GEMMs via ``te.pytorch.Linear``; call the
-  engine inside :func:`diffusion.quant.te_backend.fp4_autocast`.
-
-``auto`` picks ``te`` for ``nvfp4`` on a Blackwell GPU with TE, ``modelopt`` on other CUDA
-devices and ``project`` elsewhere. The engine's ``skip``/``min_dim`` rules alone choose the layers
-for every backend (modelopt's model-family exclusions such as ``*proj_out.*`` are not applied).
+Calling an engine runs its forward inside its backend's runtime context (TE's FP4 autocast for
+``te``, nothing for the others), as the official engine does with ``wrap_forward_with_fp8``
+(NVlabs/Sana ``train_scripts/train_utils.py``): an engine cannot be run by mistake outside it.
 """
 
 from __future__ import annotations
 
 import copy
-import fnmatch
 import warnings
 from collections.abc import Collection, Mapping, Sequence
-from typing import Literal, get_args
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from diffusion.quant.fp8 import fp8_fake_quant
-from diffusion.quant.nvfp4 import nvfp4_fake_quant
-from diffusion.quant.te_backend import (
-    TE_DIM_MULTIPLE,
-    is_blackwell,
-    is_te_linear,
-    swap_to_te_linear,
-    te_available,
-)
-
-Precision = Literal["nvfp4", "nvfp4_w4a16", "fp8", "none"]
-Backend = Literal["auto", "project", "modelopt", "te"]
-PRECISIONS: tuple[str, ...] = get_args(Precision)
-BACKENDS: tuple[str, ...] = get_args(Backend)
-QUANTIZED_PRECISIONS: tuple[str, ...] = tuple(p for p in PRECISIONS if p != "none")
-
-_MODELOPT_PRESETS = {
-    "nvfp4": "NVFP4_DEFAULT_CFG",
-    "nvfp4_w4a16": "W4A16_NVFP4_CFG",
-    "fp8": "FP8_DEFAULT_CFG",
-}
+from diffusion.quant.backends import BACKENDS, REGISTRY, Backend, get_backend, resolve_backend
+from diffusion.quant.layer_rule import EligibleLayers, eligible_layers
+from diffusion.quant.precision import QUANTIZED_PRECISIONS, Precision, check_precision
 
 
-class QuantLinear(nn.Linear):
-    """``nn.Linear`` whose forward uses fake-quantized weights (and, for W4A4/FP8, activations).
+class _ForwardInRuntime:
+    """An engine's ``forward``: the class's forward, run inside the runtime context of ``backend``.
 
-    Keeps the original ``weight``/``bias`` Parameters under their names, so ``state_dict()`` keys
-    match the unquantized model; its caches are non-persistent buffers: ``weight_fq`` (the
-    fake-quantized weight) and ``weight_amax`` (the FP32 ``max|W|`` it was computed with). Both go
-    stale when the weight changes: call :meth:`refresh` (``load_weights`` does).
+    Set as the instance attribute ``forward``, so ``state_dict`` keys are unchanged and ``engine(...)``
+    (hooks included) goes through it. It holds the module itself rather than its bound method, so a
+    deep copy of the engine calls the copy.
     """
 
-    weight_fq: torch.Tensor
-    weight_amax: torch.Tensor
+    def __init__(self, module: nn.Module, backend: str) -> None:
+        self.module = module
+        self.backend = backend
 
-    def __init__(self, linear: nn.Linear, precision: Precision, block_size: int = 16) -> None:
-        if precision not in QUANTIZED_PRECISIONS:
-            raise ValueError(
-                f"QuantLinear precision must be one of {list(QUANTIZED_PRECISIONS)}, got {precision!r}"
-            )
-        # Built on the meta device, then handed the existing Parameters: nothing is reallocated.
-        super().__init__(
-            linear.in_features,
-            linear.out_features,
-            bias=linear.bias is not None,
-            device="meta",
-            dtype=linear.weight.dtype,
-        )
-        self.weight = linear.weight
-        self.bias = linear.bias
-        self.precision = precision
-        self.block_size = block_size
-        self.register_buffer("weight_fq", torch.empty(0), persistent=False)
-        self.register_buffer("weight_amax", torch.empty(0), persistent=False)
-        self.refresh()
-
-    @torch.no_grad()
-    def refresh(self) -> None:
-        """Recompute ``weight_amax`` and ``weight_fq`` from the current weight."""
-        weight = self.weight.detach()
-        self.weight_amax = weight.abs().amax().float()
-        if self.precision == "fp8":
-            self.weight_fq = fp8_fake_quant(weight, self.weight_amax)
-        else:
-            self.weight_fq = nvfp4_fake_quant(weight, self.block_size)
-
-    @torch.no_grad()
-    def adopt_quantized(self) -> None:
-        """Take the current weight as already fake-quantized (an NVFP4 snapshot decoded by the explorer).
-
-        Re-quantizing decoded NVFP4 values is not always the identity in FP32 (the tensor scale can move
-        by one ulp), so values that arrive quantized are used as they are, bit for bit.
-        """
-        if self.precision == "fp8":
-            raise ValueError("adopt_quantized is for NVFP4 layers; FP8 engines take dense weights")
-        weight = self.weight.detach()
-        self.weight_amax = weight.abs().amax().float()
-        self.weight_fq = weight.clone()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.precision == "nvfp4":
-            x = nvfp4_fake_quant(x, self.block_size)
-        elif self.precision == "fp8":
-            x = fp8_fake_quant(x)
-        return F.linear(x, self.weight_fq, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, precision={self.precision}"
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with get_backend(self.backend).runtime():
+            return type(self.module).forward(self.module, *args, **kwargs)
 
 
-def name_matches(name: str, pattern: str) -> bool:
-    """Whether the dotted module ``name`` contains ``pattern`` as a run of whole components.
-
-    ``pattern`` is an fnmatch glob (case-sensitive) matched against the dotted name with an implicit
-    ``*`` on either side at component boundaries: ``"norm1"`` matches ``"blocks.0.norm1.linear"``
-    and ``"attn.qkv"`` matches ``"blocks.3.attn.qkv"``, but ``"norm1"`` does not match
-    ``"blocks.0.norm10"`` and ``"qkv"`` does not match ``"to_qkv"``; ``"proj*"`` matches
-    ``"attn.proj_out"``.
-    """
-    globs = (pattern, f"*.{pattern}", f"{pattern}.*", f"*.{pattern}.*")
-    return any(fnmatch.fnmatchcase(name, glob) for glob in globs)
-
-
-def eligible_linear_names(model: nn.Module, *, skip: Sequence[str] = (), min_dim: int = 0) -> list[str]:
-    """Qualified names of the ``nn.Linear`` modules to quantize, in ``named_modules`` order.
-
-    Eligible: exactly of type ``nn.Linear`` (subclasses may not route through ``forward``; e.g.
-    ``nn.MultiheadAttention`` reads ``out_proj.weight`` directly), no ``skip`` pattern matches the
-    name (see :func:`name_matches`), and ``min(in_features, out_features) >= min_dim``.
-    """
-    return [
-        name
-        for name, module in model.named_modules()
-        if type(module) is nn.Linear
-        and not any(name_matches(name, pattern) for pattern in skip)
-        and min(module.in_features, module.out_features) >= min_dim
-    ]
+def engine_backend(engine: nn.Module) -> str | None:
+    """The backend whose runtime context ``engine``'s forward enters, ``None`` for a plain model."""
+    forward = engine.__dict__.get("forward")
+    return forward.backend if isinstance(forward, _ForwardInRuntime) else None
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -158,34 +55,34 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_backend(backend: Backend, precision: Precision, device: torch.device) -> str:
-    """The concrete backend for a model on ``device``; raises ``ValueError`` when unusable there."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
-    on_cuda = device.type == "cuda" and torch.cuda.is_available()
-    if backend == "auto":
-        if not on_cuda:
-            return "project"
-        return "te" if precision == "nvfp4" and te_available() and is_blackwell() else "modelopt"
-    if backend == "modelopt" and not on_cuda:
-        raise ValueError(
-            f"backend='modelopt' needs the model on a CUDA GPU (its NVFP4/FP8 kernels are CUDA-only), "
-            f"but the model is on {device.type}"
-            + ("" if torch.cuda.is_available() else " and this machine has no CUDA")
-            + "; use backend='project', which runs on any device"
-        )
-    if backend == "te":
-        if not te_available():
-            raise ValueError(
-                "backend='te' needs Transformer Engine, which is not importable here (install the "
-                "'te' extra on a CUDA machine); use backend='project' or 'modelopt'"
-            )
-        if precision != "nvfp4" or not (on_cuda and is_blackwell()):
-            raise ValueError(
-                "backend='te' runs only precision='nvfp4' on a model placed on a Blackwell GPU "
-                f"(got precision={precision!r} on {device.type}); use backend='modelopt' or 'project'"
-            )
-    return backend
+def engine_layers(
+    model: nn.Module, backend: str, *, skip: Sequence[str] = (), min_dim: int = 0, conv1x1: bool = False
+) -> EligibleLayers:
+    """The layers an engine of ``model`` on the concrete ``backend`` runs quantized: the layer rule's,
+    less those the backend cannot run (TE: GEMM dims not multiples of 16)."""
+    supports = get_backend(backend).supports
+    eligible = eligible_layers(model, skip=skip, min_dim=min_dim, conv1x1=conv1x1)
+    return EligibleLayers(
+        tuple(name for name in eligible.linears if supports(model.get_submodule(name))),
+        tuple(name for name in eligible.convs if supports(model.get_submodule(name))),
+    )
+
+
+def build_engine(
+    model: nn.Module,
+    precision: Precision,
+    backend: str,
+    *,
+    linears: Sequence[str],
+    convs: Sequence[str] = (),
+    block_size: int = 16,
+) -> nn.Module:
+    """A deep copy of ``model`` whose named layers run quantized on the concrete ``backend`` (not
+    checked against the device: see :func:`resolve_backend`), every forward inside its runtime."""
+    check_precision(precision, QUANTIZED_PRECISIONS)
+    engine = get_backend(backend).quantize(copy.deepcopy(model), linears, convs, precision, block_size)
+    engine.forward = _ForwardInRuntime(engine, backend)
+    return engine
 
 
 def quantize_model(
@@ -194,109 +91,47 @@ def quantize_model(
     *,
     skip: Sequence[str] = (),
     min_dim: int = 0,
+    conv1x1: bool = False,
     backend: Backend = "auto",
     block_size: int = 16,
 ) -> nn.Module:
-    """A deep copy of ``model`` with every eligible ``nn.Linear`` quantized; ``model`` is untouched.
+    """A deep copy of ``model`` with every eligible layer quantized; ``model`` is untouched.
 
     ``precision``: ``"nvfp4"`` (W4A4), ``"nvfp4_w4a16"`` (weights only), ``"fp8"`` (per-tensor E4M3
-    weights and activations) or ``"none"`` (a plain deep copy). Layer selection: see
-    :func:`eligible_linear_names`. ``block_size`` other than 16 is supported by the project backend
-    only.
+    weights and activations) or ``"none"`` (a plain deep copy). Layers: :func:`engine_layers`
+    (``skip``/``min_dim`` per the official rule; ``conv1x1`` adds 1×1 convolutions). ``block_size``
+    other than 16 is supported by the project backend only.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; expected one of {list(PRECISIONS)}")
+    check_precision(precision)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
     if precision == "none":
         return copy.deepcopy(model)
     resolved = resolve_backend(backend, precision, _model_device(model))
-    if resolved != "project" and block_size != 16:
-        raise ValueError(f"backend {resolved!r} supports block_size=16 only, got {block_size}")
-    engine = copy.deepcopy(model)
-    names = eligible_linear_names(engine, skip=skip, min_dim=min_dim)
-    if resolved == "te":
-        names = [
-            name
-            for name in names
-            if not (
-                engine.get_submodule(name).in_features % TE_DIM_MULTIPLE
-                or engine.get_submodule(name).out_features % TE_DIM_MULTIPLE
-            )
-        ]
-        return swap_to_te_linear(engine, names)
-    if resolved == "modelopt":
-        return _modelopt_quantize(engine, names, precision)
-    for name in names:
-        quantized = QuantLinear(engine.get_submodule(name), precision, block_size)
-        if not name:
-            return quantized
-        engine.set_submodule(name, quantized)
-    return engine
-
-
-def _modelopt_quantize(engine: nn.Module, names: Sequence[str], precision: Precision) -> nn.Module:
-    if not names:
-        return engine
-    import modelopt.torch.quantization as mtq
-
-    config = copy.deepcopy(getattr(mtq, _MODELOPT_PRESETS[precision]))
-    # Keep only the format entries (what to quantize and how); the engine's own selection decides
-    # which layers, so modelopt's model-family exclusions would only make backends disagree.
-    config["quant_cfg"] = [{"quantizer_name": "*", "enable": False}] + [
-        entry for entry in config["quant_cfg"] if entry.get("enable", True) and "parent_class" not in entry
-    ]
-    # Calibrate only once the quantizers of non-eligible modules are off.
-    config["algorithm"] = None
-    mtq.quantize(engine, config, forward_loop=None)
-    eligible = set(names)
-    mtq.disable_quantizer(engine, lambda quantizer_name: quantizer_name.rpartition(".")[0] not in eligible)
-    _modelopt_calibrate(engine)
-    return engine
-
-
-def _modelopt_calibrate(engine: nn.Module) -> None:
-    import modelopt.torch.quantization as mtq
-
-    # The max calibrator keeps a running max across calibrations: without the reset a refreshed
-    # amax would be max(old, new), i.e. stale whenever the weights shrink.
-    for name, module in engine.named_modules():
-        if name.endswith("weight_quantizer") and module.is_enabled:
-            module.reset_amax()
-    mtq.calibrate(engine, algorithm="max", forward_loop=None)
+    layers = engine_layers(model, resolved, skip=skip, min_dim=min_dim, conv1x1=conv1x1)
+    return build_engine(
+        model, precision, resolved, linears=layers.linears, convs=layers.convs, block_size=block_size
+    )
 
 
 def refresh_quantizers(engine: nn.Module, *, prequantized: Collection[str] = ()) -> None:
     """Recompute every quantizer's amax/scales and cached weights from the current weights.
 
-    Project backend: :meth:`QuantLinear.refresh` on each layer. modelopt backend: weight amax reset
-    then max calibration without data. TE backend: nothing to do (TE quantizes every forward).
+    Each backend refreshes its own layers: project layers recompute their fake-quantized weight (or
+    adopt it when its key is in ``prequantized``), modelopt resets its weight amax and re-calibrates
+    without data, TE has nothing to do (it quantizes every forward).
     """
-    uses_modelopt = False
-    for name, module in engine.named_modules():
-        if isinstance(module, QuantLinear):
-            if f"{name}.weight" in prequantized:
-                module.adopt_quantized()
-            else:
-                module.refresh()
-        elif hasattr(module, "weight_quantizer"):
-            uses_modelopt = True
-    if uses_modelopt:
-        _modelopt_calibrate(engine)
+    for backend in REGISTRY.values():
+        backend.refresh(engine, prequantized)
 
 
 def quantized_layer_names(engine: nn.Module) -> list[str]:
     """Qualified names of the layers of ``engine`` that run quantized, whatever the backend."""
-    names = []
-    for name, module in engine.named_modules():
-        weight_quantizer = getattr(module, "weight_quantizer", None)
-        if (
-            isinstance(module, QuantLinear)
-            or is_te_linear(module)
-            or (weight_quantizer is not None and weight_quantizer.is_enabled)
-        ):
-            names.append(name)
-    return names
+    return [
+        name
+        for name, module in engine.named_modules()
+        if any(backend.is_quantized(module) for backend in REGISTRY.values())
+    ]
 
 
 def _is_quantizer_state(key: str) -> bool:

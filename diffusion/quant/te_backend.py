@@ -1,25 +1,32 @@
-"""Transformer Engine backend: real NVFP4 GEMMs on Blackwell GPUs.
+"""The ``te`` backend: real NVFP4 GEMMs with Transformer Engine on Blackwell GPUs.
 
 Transformer Engine is an optional dependency (the ``te`` extra). Importing it on a machine without
 CUDA raises ``RuntimeError`` rather than ``ImportError``, so the import guard catches both and every
 entry point here reports a missing TE as one clear error.
 
-A model whose layers were swapped by :func:`swap_to_te_linear` runs in NVFP4 only inside
-:func:`fp4_autocast`; outside it TE Linear computes in the parameters' precision. TE quantizes the
-high-precision weights on every forward, so loading new weights needs no refresh step.
+As in the official engine (NVlabs/Sana ``train_scripts/train_utils.py``: ``replace_linear_with_te``,
+``BF16TEConv1x1AsLinear``, ``wrap_forward_with_fp8``), eligible Linears become ``te.pytorch.Linear``,
+eligible 1×1 convolutions become a ``te.pytorch.Linear`` run over the channels of the NCHW input, and
+the engine's whole forward runs inside TE's FP4 autocast (:func:`fp4_autocast`, the backend's runtime
+context, entered by the engine itself): outside it ``te.Linear`` computes in the parameters' precision.
+TE quantizes the high-precision weights on every forward, so loading new weights needs no refresh.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import nn
 
-# TE's FP8/FP4 GEMMs need both Linear dims to be multiples of 16.
+from diffusion.quant.precision import Precision
+
+# TE's FP8/FP4 GEMMs need both GEMM dims to be multiples of 16.
 TE_DIM_MULTIPLE = 16
 
 _MISSING_TE = (
@@ -55,32 +62,69 @@ def _require_te() -> ModuleType:
 
 
 def is_te_linear(module: nn.Module) -> bool:
-    """Whether ``module`` is a ``transformer_engine.pytorch.Linear`` (checked without importing TE)."""
-    cls = type(module)
-    return cls.__name__ == "Linear" and cls.__module__.startswith("transformer_engine.")
+    """Whether ``module`` is (a subclass of) ``transformer_engine.pytorch.Linear``, checked without
+    importing TE."""
+    return any(
+        cls.__name__ == "Linear" and cls.__module__.startswith("transformer_engine.") for cls in type(module).__mro__
+    )
+
+
+def _gemm_dims(module: nn.Module) -> tuple[int, int]:
+    """``(in, out)`` of a Linear or of a 1×1 convolution seen as a Linear over channels."""
+    if isinstance(module, nn.Conv2d):
+        return module.in_channels, module.out_channels
+    return module.in_features, module.out_features
+
+
+@functools.cache
+def _te_conv1x1_class(te_linear: type) -> type:
+    """A ``te_linear`` subclass that runs a 1×1 convolution as a Linear over channels.
+
+    Its ``state_dict`` shows the weight as the convolution's ``[out, in, 1, 1]`` (a view of TE's
+    ``[out, in]`` parameter), so keys and shapes equal the unquantized model's and weight loading
+    writes straight into TE's parameter.
+    """
+
+    class TEConv1x1(te_linear):  # type: ignore[misc, valid-type]
+        def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            batch, _, height, width = x.shape
+            rows = x.flatten(2).transpose(1, 2).contiguous()  # [B, H·W, C]
+            out = super().forward(rows, *args, **kwargs)
+            return out.transpose(1, 2).reshape(batch, -1, height, width)
+
+        def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+            super()._save_to_state_dict(destination, prefix, keep_vars)
+            key = f"{prefix}weight"
+            destination[key] = destination[key].view(self.out_features, self.in_features, 1, 1)
+
+        def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+            key = f"{prefix}weight"
+            if key in state_dict and state_dict[key].dim() == 4:
+                state_dict[key] = state_dict[key].reshape(self.out_features, self.in_features)
+            super()._load_from_state_dict(state_dict, prefix, *args)
+
+    TEConv1x1.__qualname__ = TEConv1x1.__name__ = "TEConv1x1"
+    return TEConv1x1
 
 
 def swap_to_te_linear(model: nn.Module, eligible_names: Iterable[str]) -> nn.Module:
-    """Replace each named ``nn.Linear`` of ``model`` in place by a ``te.pytorch.Linear`` with copied
-    weights; returns ``model`` (or the new layer when the name is ``""``, i.e. ``model`` itself).
-    Parameter names stay ``weight``/``bias``."""
+    """Replace each named ``nn.Linear`` (or 1×1 ``nn.Conv2d``) of ``model`` in place by a
+    ``te.pytorch.Linear`` (run over channels for a convolution) with copied weights; returns ``model``
+    (or the new layer when the name is ``""``, i.e. ``model`` itself). Parameter names stay
+    ``weight``/``bias``."""
     te = _require_te()
     for name in eligible_names:
         old = model.get_submodule(name)
-        if old.in_features % TE_DIM_MULTIPLE or old.out_features % TE_DIM_MULTIPLE:
+        d_in, d_out = _gemm_dims(old)
+        if d_in % TE_DIM_MULTIPLE or d_out % TE_DIM_MULTIPLE:
             raise ValueError(
-                f"{name}: TE needs Linear dims that are multiples of {TE_DIM_MULTIPLE}, got "
-                f"{old.in_features}x{old.out_features}; skip it or use backend='project'"
+                f"{name}: TE needs GEMM dims that are multiples of {TE_DIM_MULTIPLE}, got {d_in}x{d_out}; "
+                "skip it or use backend='project'"
             )
-        new = te.Linear(
-            old.in_features,
-            old.out_features,
-            bias=old.bias is not None,
-            params_dtype=old.weight.dtype,
-            device=old.weight.device,
-        )
+        cls = _te_conv1x1_class(te.Linear) if isinstance(old, nn.Conv2d) else te.Linear
+        new = cls(d_in, d_out, bias=old.bias is not None, params_dtype=old.weight.dtype, device=old.weight.device)
         with torch.no_grad():
-            new.weight.copy_(old.weight)
+            new.weight.copy_(old.weight.reshape(d_out, d_in))
             if old.bias is not None:
                 new.bias.copy_(old.bias)
         if not name:
@@ -105,3 +149,40 @@ def fp4_autocast() -> Iterator[None]:
     )
     with context:
         yield
+
+
+class TEBackend:
+    """The ``te`` backend (see the module docstring): ``nvfp4`` only, block size 16, GEMM dims that are
+    multiples of 16 (other eligible layers stay in high precision)."""
+
+    name = "te"
+
+    def supports(self, module: nn.Module) -> bool:
+        d_in, d_out = _gemm_dims(module)
+        return not (d_in % TE_DIM_MULTIPLE or d_out % TE_DIM_MULTIPLE)
+
+    def quantize(
+        self,
+        engine: nn.Module,
+        linears: Sequence[str],
+        convs: Sequence[str],
+        precision: Precision,
+        block_size: int = 16,
+    ) -> nn.Module:
+        if precision != "nvfp4" or block_size != 16:
+            raise ValueError(
+                f"backend 'te' runs precision='nvfp4' with block_size=16 only, got {precision!r}, {block_size}"
+            )
+        return swap_to_te_linear(engine, (*linears, *convs))
+
+    def refresh(self, engine: nn.Module, prequantized: Collection[str] = ()) -> None:
+        """Nothing to do: TE quantizes the current weights on every forward."""
+
+    def is_quantized(self, module: nn.Module) -> bool:
+        return is_te_linear(module)
+
+    def runtime(self) -> AbstractContextManager[None]:
+        return fp4_autocast()
+
+
+TE = TEBackend()

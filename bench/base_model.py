@@ -1,11 +1,11 @@
 """Score the embedded base model with the digit classifier and record it beside the model.
 
-    python -m rewards.evaluate_base_model [--model DIR] [--seeds-per-prompt 32] [--steps 10]
+    python -m bench.base_model [--model DIR] [--seeds-per-prompt 32] [--steps 10]
 
-Held-out prompts (and the training template) × fixed seeds, 10 Euler steps in full precision; the
-reward (log p of the prompted digit) and the accuracy are merged into the model's
-`model_metrics.json`, which `python -m diffusion.embedded.train` writes. A command of the reward
-side: the diffusion core never imports a reward.
+Held-out prompts (and the training template) × the evaluation's fixed seeds (run seed 0), 10 Euler
+steps in full precision, through the one sample → decode → reward path; the reward (log p of the
+prompted digit) and the accuracy are merged into the model's `model_metrics.json`, which
+`python -m diffusion.embedded.train` writes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 from diffusion.config import EMBEDDED_MODEL
 from diffusion.embedded.data import TRAIN_TEMPLATES, heldout_prompts, prompt_for
 from diffusion.loading import load_policy
-from diffusion.noise import derive_seed
+from diffusion.noise import eval_seeds
+from learner.rollouts import Sampling, generate
 from rewards import build_reward
 
 
@@ -32,10 +33,10 @@ def evaluate(folder: Path, seeds_per_prompt: int = 32, steps: int = 10) -> dict[
     for name, prompts in (("train_template", [prompt_for(d, TRAIN_TEMPLATES[0]) for d in range(10)]),
                           ("heldout_template", heldout_prompts())):
         all_prompts = [p for p in prompts for _ in range(seeds_per_prompt)]
-        seeds = [derive_seed(0, -1, slot, j) for slot in range(len(prompts)) for j in range(seeds_per_prompt)]
-        images = policy.decode(policy.sample(all_prompts, seeds, steps=steps).x0)
-        out[f"{name}_reward"] = float(reward(images, all_prompts).mean())
-        out[f"{name}_accuracy"] = float(reward.details(images, all_prompts)["accuracy"].mean())
+        seeds = [s for slot in range(len(prompts)) for s in eval_seeds(0, slot, seeds_per_prompt)]
+        scored = generate(policy, None, reward, all_prompts, seeds, Sampling(steps, "euler"))
+        out[f"{name}_reward"] = float(scored.rewards.mean())
+        out[f"{name}_accuracy"] = float(scored.details["accuracy"].mean())
     return out
 
 

@@ -1,0 +1,182 @@
+"""The update phase of each objective: advantages from rewards, then the optimizer step(s).
+
+    objective  advantages                                   update
+    nft        per-prompt centred, globally scaled (mode)   one step of the NFT loss on re-noised x0
+    art        raw rewards (or pairwise winner/loser)       two steps, one per window, on visited states
+
+Each is an `ObjectiveSpec` in `OBJECTIVES`; the trainer calls `spec.advantages` then `spec.update`.
+A micro-batch whose loss is NaN or ±inf is dropped (no backward; the official loop zeroes that loss,
+NVlabs/Sana `train_scripts/sol_rl/train_sd3.py`), the others still update; an update whose every
+micro-batch was dropped is skipped. Random choices come from the iteration's named seed streams.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from diffusion.noise import Stream, stream_generator
+from diffusion.policy import FlowPolicy
+from learner.advantages import compute_advantages
+from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows
+from learner.config import LearnerConfig
+from learner.objectives import nft_loss, trained_timestep_indices
+from learner.rollouts import Group
+from learner.training_state import TrainingState
+
+
+@dataclass
+class UpdateContext:
+    """What an update reads: the model, its training state, the settings, the iteration's seeds."""
+
+    policy: FlowPolicy
+    state: TrainingState
+    learner: LearnerConfig
+    sigmas: torch.Tensor  # the regeneration sampler's σ grid (steps + 1)
+    run_seed: int
+    iteration: int
+
+    def generator(self, stream: Stream, index: int = 0) -> torch.Generator:
+        return stream_generator(self.run_seed, self.iteration, stream, index)
+
+    def velocity(self, model: nn.Module, x: torch.Tensor, sigma: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        dev, cond = self.policy.device, self.policy.encode(prompts)
+        with self.state.autocast():
+            return self.policy.velocity(x.to(dev), sigma.to(dev), cond, transformer=model).float()
+
+
+class MicroBatches:
+    """Accumulates weighted micro-batch losses into θ's gradients, dropping non-finite ones."""
+
+    def __init__(self, state: TrainingState) -> None:
+        self.state, self.total, self.kept, self.dropped = state, 0.0, 0, 0
+
+    def backward(self, loss: torch.Tensor, weight: float) -> None:
+        if not bool(torch.isfinite(loss.detach()).all()):
+            self.dropped += 1
+            return
+        (loss * weight).backward()
+        self.total += float(loss.detach()) * weight
+        self.kept += 1
+
+    def step(self) -> float:
+        """The optimizer step (gradient norm), or a skipped one when every micro-batch was dropped."""
+        if self.kept == 0:
+            self.state.skip_step()
+            return math.nan
+        return self.state.step(None)
+
+
+def nft_advantages(rewards: torch.Tensor, learner: LearnerConfig) -> torch.Tensor:
+    return compute_advantages(rewards, learner.advantage_mode)
+
+
+def nft_update(ctx: UpdateContext, groups: list[Group], advantages: torch.Tensor) -> dict[str, float]:
+    """One optimizer step of DiffusionNFT over every kept sample at a share of the sampler's timesteps."""
+    cfg, nft, dev = ctx.learner, ctx.learner.nft, ctx.policy.device
+    advantages = advantages.flatten()
+    x0 = torch.cat([g.samples.x0 for g in groups])
+    prompts = [g.prompt for g in groups for _ in range(g.samples.x0.shape[0])]
+    sigmas = ctx.sigmas[:-1]  # the sampler's own timesteps
+    idx = trained_timestep_indices(len(x0), len(sigmas), cfg.timestep_fraction, ctx.generator(Stream.TIMESTEPS))
+    noise_g = ctx.generator(Stream.TRAIN_NOISE)
+    batches, count = MicroBatches(ctx.state), idx.numel()
+    for j in range(idx.shape[1]):
+        t = sigmas[idx[:, j]]
+        eps = torch.randn(x0.shape, generator=noise_g)
+        x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * eps
+        for s in range(0, len(x0), cfg.micro_batch):
+            mb = slice(s, s + cfg.micro_batch)
+            t_mb = t[mb].to(dev)
+            with ctx.state.use("old") as model:
+                v_old = ctx.velocity(model, x_t[mb], t_mb, prompts[mb])
+            with ctx.state.use("reference") as model:
+                v_ref = ctx.velocity(model, x_t[mb], t_mb, prompts[mb])
+            with ctx.state.use("theta") as model:
+                v_theta = ctx.velocity(model, x_t[mb], t_mb, prompts[mb])
+                loss = nft_loss(v_theta, v_old, v_ref, x_t[mb].to(dev), x0[mb].to(dev), t_mb,
+                                advantages[mb].to(dev), beta=nft.beta, adv_clip_max=nft.adv_clip_max,
+                                kl_weight=nft.kl_weight)
+                batches.backward(loss, t_mb.shape[0] / count)
+    grad_norm = batches.step()
+    return {"loss": batches.total, "grad_norm": grad_norm, "dropped_micro_batches": batches.dropped}
+
+
+def art_advantages(rewards: torch.Tensor, learner: LearnerConfig) -> torch.Tensor:
+    return pairwise_scores(rewards) if learner.art.pairwise else rewards
+
+
+def _art_windows(ctx: UpdateContext, groups: list[Group], scores: torch.Tensor) -> list[dict[str, Any]]:
+    """Each prompt's K samples split into two disjoint windows; per window the visited states at the
+    trained timesteps, their σ and step, and the prompt's guidance G(c) from its full group."""
+    guidance = [art_guidance(g.samples.x0, scores[i]) for i, g in enumerate(groups)]
+    sigmas, idx_g = ctx.sigmas, ctx.generator(Stream.TIMESTEPS)
+    splits = [split_windows(g.samples.x0.shape[0], ctx.generator(Stream.WINDOWS, i)) for i, g in enumerate(groups)]
+    windows = []
+    for w in range(2):
+        xs, ts, dts, gs, prompts = [], [], [], [], []
+        for i, g in enumerate(groups):
+            members = splits[i][w]
+            idx = trained_timestep_indices(len(members), len(sigmas) - 1, ctx.learner.timestep_fraction, idx_g)
+            for row, k in enumerate(members.tolist()):
+                for step in idx[row].tolist():  # states the reverse ODE rollout visited
+                    xs.append(g.samples.states[step][k])
+                    ts.append(sigmas[step])
+                    dts.append(sigmas[step + 1] - sigmas[step])
+                    gs.append(guidance[i])
+                    prompts.append(g.prompt)
+        windows.append({"x_t": torch.stack(xs), "t": torch.stack(ts), "dt": torch.stack(dts),
+                        "guide": torch.stack(gs), "prompts": prompts})
+    return windows
+
+
+def art_update(ctx: UpdateContext, groups: list[Group], scores: torch.Tensor) -> dict[str, float]:
+    """DiffusionART (docs/objectives.md): a frozen target v* = v_start − η·G(c) on visited states,
+    two disjoint windows per prompt, restoration toward the sampling policy in the second."""
+    cfg, art, dev = ctx.learner, ctx.learner.art, ctx.policy.device
+    windows = _art_windows(ctx, groups, scores)
+    # The target is frozen before any update: v_start is θ at the iteration's start, for both windows.
+    for win in windows:
+        with ctx.state.use("theta") as model, torch.no_grad():
+            v_start = torch.cat([ctx.velocity(model, win["x_t"][s:s + cfg.micro_batch], win["t"][s:s + cfg.micro_batch],
+                                              win["prompts"][s:s + cfg.micro_batch])
+                                 for s in range(0, len(win["prompts"]), cfg.micro_batch)])
+        win["target"] = art_target(v_start, win["guide"].to(dev), art.guidance_scale)
+    metrics: dict[str, float] = {"dropped_micro_batches": 0}
+    for w, (win, restore) in enumerate(zip(windows, (0.0, art.restore_weight), strict=True)):
+        count, batches = len(win["prompts"]), MicroBatches(ctx.state)
+        for s in range(0, count, cfg.micro_batch):
+            mb = slice(s, s + cfg.micro_batch)
+            t_mb = win["t"][mb].to(dev)
+            with ctx.state.use("old") as model:  # the sampling policy: the restoration's anchor
+                v_old = ctx.velocity(model, win["x_t"][mb], t_mb, win["prompts"][mb])
+            with ctx.state.use("theta") as model:
+                v_theta = ctx.velocity(model, win["x_t"][mb], t_mb, win["prompts"][mb])
+                loss, diag = art_loss(v_theta, win["target"][mb], v_old, t_mb, win["dt"][mb].to(dev),
+                                      restore_weight=restore, threshold=art.trust_threshold,
+                                      noise_level=art.noise_level)
+                batches.backward(loss, t_mb.shape[0] / count)
+            metrics[f"window{w + 1}_masked_fraction"] = float(diag["masked_fraction"])
+        metrics[f"window{w + 1}_loss"] = batches.total
+        metrics[f"window{w + 1}_grad_norm"] = batches.step()
+        metrics["dropped_micro_batches"] += batches.dropped
+    metrics["loss"] = metrics["window1_loss"] + metrics["window2_loss"]
+    return metrics
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    advantages: Callable[[torch.Tensor, LearnerConfig], torch.Tensor]  # rewards [P, K] → what update weighs
+    update: Callable[[UpdateContext, list[Group], torch.Tensor], dict[str, float]]
+    needs_states: bool  # whether the update trains on the rollout's visited states (not only x0)
+
+
+OBJECTIVES: dict[str, ObjectiveSpec] = {
+    "nft": ObjectiveSpec(nft_advantages, nft_update, needs_states=False),
+    "art": ObjectiveSpec(art_advantages, art_update, needs_states=True),
+}
