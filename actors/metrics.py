@@ -30,6 +30,8 @@ class LearnerMetrics:
     def __init__(self) -> None:
         self.gauges = {k: Gauge(f"solrl_{k}", description=d) for k, d in _LEARNER_GAUGES.items()}
         self.skipped = Counter("solrl_skipped_updates", description="updates skipped (NaN/inf reward or loss)")
+        self.dropped_micro_batches = Counter("solrl_dropped_micro_batches",
+                                             description="micro-batches dropped for a NaN/inf loss")
         self.dropped = Counter("solrl_dropped_groups", description="ranked groups dropped as too stale")
         self.retries = Counter("solrl_explorer_retries", description="slots re-sent after their explorer died")
         self.deaths = Counter("solrl_explorer_deaths", description="explorer deaths seen by the driver")
@@ -42,7 +44,7 @@ class LearnerMetrics:
         if values.get("skipped"):
             self.skipped.inc()
         for counter, key in ((self.dropped, "dropped_groups"), (self.retries, "explorer_retries"),
-                             (self.deaths, "explorer_deaths")):
+                             (self.deaths, "explorer_deaths"), (self.dropped_micro_batches, "dropped_micro_batches")):
             if values.get(key):
                 counter.inc(float(values[key]))
 

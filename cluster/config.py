@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import PydanticCustomError
 
 from learner.config import RULE_ERROR, TrainerConfig
+from weight_sync.codecs import Codec
 
 
 class ActorResources(BaseModel):
@@ -45,7 +46,7 @@ class ClusterConfig(BaseModel):
     address: str | None = Field(None, description="None: RAY_ADDRESS if set (ray job submit), else a local Ray")
     mode: Literal["sync", "async"] = Field("sync", description="async: explorers run ahead of the learner")
     max_policy_lag: int = Field(1, ge=0, description="async: drop groups explored more versions ago than this")
-    codec: Literal["auto", "dense", "nvfp4", "lora"] = Field(
+    codec: Codec | Literal["auto"] = Field(
         "auto", description="auto: nvfp4 for NVFP4 engines; lora ships only the sampling adapter")
     placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
     explorers: ExplorersConfig = ExplorersConfig()

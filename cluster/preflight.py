@@ -36,15 +36,14 @@ def _check_model(config: SolRLConfig) -> None:
 
 
 def _check_reward(config: SolRLConfig, notes: list[str]) -> None:
-    folder = config.reward.digit_classifier_path
-    if folder is None:
-        return
-    if "digit_alignment" not in config.reward.weights:
-        notes.append(f"reward.digit_classifier_path={folder} is ignored: digit_alignment is not in reward.weights")
+    for name in sorted(set(config.reward.options) - set(config.reward.weights)):
+        notes.append(f"reward.options.{name} is ignored: {name} is not in reward.weights")
+    folder = config.reward.options.get("digit_alignment", {}).get("path")
+    if folder is None or "digit_alignment" not in config.reward.weights:
         return
     from rewards.digit_classifier import CONFIG_FILE, FORMAT, REBUILD_COMMAND, WEIGHTS_FILE
 
-    field = "reward.digit_classifier_path"
+    field = "reward.options.digit_alignment.path"
     path = Path(folder)
     if not path.is_dir():
         what = "is a file" if path.exists() else "does not exist"

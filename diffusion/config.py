@@ -1,4 +1,4 @@
-"""Settings of the diffusion core: which model, how the learner samples, how explorers sample."""
+"""Settings of the diffusion core: which model, how the learner samples, how explorers sample, which prompts."""
 
 from __future__ import annotations
 
@@ -50,3 +50,13 @@ class ExploreConfig(BaseModel):
     steps: int = Field(6, ge=1)
     min_dim: int | None = Field(None, ge=0, description="None takes the model family's minimum")
     skip: list[str] | None = Field(None, description="module patterns kept in high precision; None: family's")
+
+
+class PromptConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field("embedded", description="'embedded' (the digit prompts) or a text file, one per line")
+    eval_source: str = Field("embedded", description="held-out prompts: 'embedded' or a text file")
+    per_iteration: int = Field(8, ge=1, description="prompt slots per iteration")
+    candidates: int = Field(96, ge=2, description="N: seeds explored per prompt")
+    keep: int = Field(24, ge=2, description="K: seeds regenerated and trained on per prompt")

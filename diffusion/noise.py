@@ -12,7 +12,12 @@ The streams (what the four integers mean):
     eval_seeds(run, slot, n)           held-out evaluation: iteration EVAL, slot = held-out prompt
     grid_seeds(run, slot, n)           sample grids: iteration GRID, slot = the grid's row
     stream_generator(run, i, Stream.X) one choice of iteration i: prompt order, selection, trained
-                                       timesteps, training noise, reward shuffle, ART windows, LoRA init
+                                       timesteps, training noise, reward shuffle, ART windows
+    lora_init_seed(run)                the LoRA initialisation (iteration 0, Stream.LORA_INIT)
+
+The embedded world's base model and reward classifier are trained by their own scripts from a seed
+of their command line (`diffusion.embedded.train`, `rewards.train_digit_classifier`): they are not a
+run's streams.
 """
 
 from __future__ import annotations
@@ -64,6 +69,11 @@ def eval_seeds(run_seed: int, slot: int, count: int) -> list[int]:
 def grid_seeds(run_seed: int, row: int, count: int) -> list[int]:
     """The fixed seeds of one row of a sample grid (disjoint from the evaluation's)."""
     return [derive_seed(run_seed, GRID, row, j) for j in range(count)]
+
+
+def lora_init_seed(run_seed: int) -> int:
+    """The seed of the LoRA A matrices' initialisation."""
+    return derive_seed(run_seed, 0, int(Stream.LORA_INIT), 0)
 
 
 def stream_generator(run_seed: int, iteration: int, stream: Stream, index: int = 0) -> torch.Generator:

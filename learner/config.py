@@ -3,19 +3,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from diffusion.config import ExploreConfig, ModelConfig, SamplerConfig
-from diffusion.prompts import PromptConfig
+from diffusion.config import ExploreConfig, ModelConfig, PromptConfig, SamplerConfig
 from learner.advantages import AdvantageMode
 from learner.algorithms import Algorithm
 from learner.objectives import Objective
-from learner.schedules import DecayConfig
+from learner.schedules import DECAY_TYPES, linear_decay, nft_decay
 from learner.selection import SelectionMode
-from learner.training_state import TrainingConfig
 from rewards.config import RewardConfig
 
 # A rule of the config that a field's own type cannot say; `cluster.config` prints it with the preset
@@ -23,7 +21,8 @@ from rewards.config import RewardConfig
 RULE_ERROR = "cross_field"
 
 # Keys that were renamed: the old spelling fails with the new one in the message.
-RENAMED_KEYS: dict[str, str] = {"learner.family": "learner.algorithm"}
+RENAMED_KEYS: dict[str, str] = {"learner.family": "learner.algorithm",
+                                 "reward.digit_classifier_path": "reward.options.digit_alignment.path"}
 
 
 class RunConfig(BaseModel):
@@ -64,6 +63,51 @@ class ARTConfig(BaseModel):
     trust_threshold: float = Field(1e-5, gt=0, description="δ of the trust-region mask (SDE KL)")
     noise_level: float = Field(0.7, gt=0, description="a of the ODE→SDE conversion")
     pairwise: bool = Field(False, description="replace rewards by winner 1 / loser 0 / tie 0.5 (K = 2)")
+
+
+class DecayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal[0, 1, 2, 3, "linear"] = 1
+    custom_steps: int = Field(0, ge=0, description="type 3 only: steps to reach custom_value")
+    custom_value: float = Field(0.0, ge=0.0, le=1.0, description="type 3 only: the decay it holds")
+    start: float = Field(0.0, ge=0.0, le=1.0, description="linear only")
+    end: float = Field(0.5, ge=0.0, le=1.0, description="linear only")
+    ramp_steps: int = Field(100, ge=1, description="linear only")
+
+    @model_validator(mode="after")
+    def _custom_needs_values(self) -> DecayConfig:
+        if self.type == 3 and not (self.custom_steps > 0 and self.custom_value > 0):
+            raise ValueError(
+                f"decay type 3 (custom) needs custom_steps > 0 and custom_value > 0 (given "
+                f"{self.custom_steps} and {self.custom_value}); e.g. learner.decay.custom_steps=100 "
+                "learner.decay.custom_value=0.9"
+            )
+        return self
+
+    def decay(self, step: int) -> float:
+        """d for the soft update that follows optimizer step number `step` (1 for the first)."""
+        if self.type == "linear":
+            return linear_decay(step, self.start, self.end, self.ramp_steps)
+        if self.type == 3:
+            return nft_decay(step, 0, self.custom_value / self.custom_steps, self.custom_value)
+        return nft_decay(step, *DECAY_TYPES[self.type])
+
+
+class TrainingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["lora", "full"] = "lora"
+    lora_rank: int = Field(32, ge=1)
+    lora_alpha: int = Field(64, ge=1)
+    lora_targets: list[str] | None = Field(None, description="None: the model family's LoRA targets")
+    lr: float = Field(3e-4, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(1e-4, ge=0)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, gt=0, description="max total grad L2 norm; inf disables clipping")
+    ema: bool = Field(True, description="keep an EMA of θ and evaluate it (the official config.train.ema)")
+    ema_decay: float = Field(0.9, ge=0, lt=1, description="the EMA's decay cap: min((1+s)/(10+s), ema_decay)")
 
 
 class LearnerConfig(BaseModel):

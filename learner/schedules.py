@@ -12,10 +12,6 @@ official code: 0 = fully on-policy (0, 0, 0); 1 = default (0, 0.001, 0.5); 2 = O
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 DECAY_TYPES: dict[int, tuple[int, float, float]] = {0: (0, 0.0, 0.0), 1: (0, 0.001, 0.5), 2: (75, 0.0075, 0.999)}
 
 
@@ -27,32 +23,3 @@ def nft_decay(step: int, flat: int, uprate: float, uphold: float) -> float:
 def linear_decay(step: int, start: float, end: float, ramp_steps: int) -> float:
     """d = start + (end − start)·min(step / ramp_steps, 1)."""
     return start + (end - start) * min(step / max(ramp_steps, 1), 1.0)
-
-
-class DecayConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal[0, 1, 2, 3, "linear"] = 1
-    custom_steps: int = Field(0, ge=0, description="type 3 only: steps to reach custom_value")
-    custom_value: float = Field(0.0, ge=0.0, le=1.0, description="type 3 only: the decay it holds")
-    start: float = Field(0.0, ge=0.0, le=1.0, description="linear only")
-    end: float = Field(0.5, ge=0.0, le=1.0, description="linear only")
-    ramp_steps: int = Field(100, ge=1, description="linear only")
-
-    @model_validator(mode="after")
-    def _custom_needs_values(self) -> DecayConfig:
-        if self.type == 3 and not (self.custom_steps > 0 and self.custom_value > 0):
-            raise ValueError(
-                f"decay type 3 (custom) needs custom_steps > 0 and custom_value > 0 (given "
-                f"{self.custom_steps} and {self.custom_value}); e.g. learner.decay.custom_steps=100 "
-                "learner.decay.custom_value=0.9"
-            )
-        return self
-
-    def decay(self, step: int) -> float:
-        """d for the soft update that follows optimizer step number `step` (1 for the first)."""
-        if self.type == "linear":
-            return linear_decay(step, self.start, self.end, self.ramp_steps)
-        if self.type == 3:
-            return nft_decay(step, 0, self.custom_value / self.custom_steps, self.custom_value)
-        return nft_decay(step, *DECAY_TYPES[self.type])

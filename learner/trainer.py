@@ -28,7 +28,7 @@ from scipy.stats import spearmanr
 
 from diffusion.explore import ExploreEngine, explore_plan
 from diffusion.loading import load_policy_from_config
-from diffusion.noise import Stream, candidate_seeds, derive_seed, stream_generator
+from diffusion.noise import Stream, candidate_seeds, lora_init_seed, stream_generator
 from diffusion.prompts import load_prompts
 from learner.algorithms import ALGORITHMS
 from learner.checkpoint import check_finite, load_checkpoint, save_checkpoint, write_safetensors
@@ -77,7 +77,7 @@ class Trainer:
         local = self.algorithm.explore == "low" and not (remote_explorers and self.algorithm.remote_explore)
         self.engine = ExploreEngine(self.policy, config.explore) if local else None
         self.state = TrainingState.from_policy(self.policy, config.training,
-                                               seed=derive_seed(self.seed, 0, Stream.LORA_INIT, 0))
+                                               seed=lora_init_seed(self.seed))
         self.regen_sampling = regeneration_sampling(config)
         self.explore_sampling = exploration_sampling(config)
         self.eval_sampling = evaluation_sampling(config)

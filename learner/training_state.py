@@ -26,9 +26,9 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from learner.config import TrainingConfig
 from learner.ema import ParameterEMA
 
 if TYPE_CHECKING:
@@ -37,22 +37,6 @@ if TYPE_CHECKING:
 View = Literal["theta", "old", "reference"]
 VIEWS: tuple[str, ...] = ("theta", "old", "reference")
 ADAPTERS = {"theta": "default", "old": "old"}  # peft adapter name of each LoRA view
-
-
-class TrainingConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["lora", "full"] = "lora"
-    lora_rank: int = Field(32, ge=1)
-    lora_alpha: int = Field(64, ge=1)
-    lora_targets: list[str] | None = Field(None, description="None: the model family's LoRA targets")
-    lr: float = Field(3e-4, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = Field(1e-4, ge=0)
-    eps: float = Field(1e-8, gt=0)
-    grad_clip: float = Field(1.0, gt=0, description="max total grad L2 norm; inf disables clipping")
-    ema: bool = Field(True, description="keep an EMA of θ and evaluate it (the official config.train.ema)")
-    ema_decay: float = Field(0.9, ge=0, lt=1, description="the EMA's decay cap: min((1+s)/(10+s), ema_decay)")
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -124,8 +124,13 @@ def known_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_reward(name: str, **options: object) -> Reward:
-    """The reward registered under `name`, constructed with `options` (keyword arguments)."""
+def reward_class(name: str) -> Callable[..., Reward]:
+    """The class registered under `name`."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward {name!r}; known rewards: {', '.join(known_rewards())}")
-    return _REGISTRY[name](**options)
+    return _REGISTRY[name]
+
+
+def build_reward(name: str, **options: object) -> Reward:
+    """The reward registered under `name`, constructed with `options` (keyword arguments)."""
+    return reward_class(name)(**options)

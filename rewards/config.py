@@ -1,24 +1,35 @@
 """The `reward` section of a run's config, and the reward it builds.
 
 reward:
-  weights: {digit_alignment: 1.0}        # reward name → weight (> 0)
-  digit_classifier_path: null            # null → the committed rewards/artifacts/digit_classifier
+  weights: {digit_alignment: 1.0}            # reward name → weight (> 0)
+  options:                                   # reward name → its constructor's keyword arguments
+    digit_alignment: {path: null}            # null → the committed rewards/artifacts/digit_classifier
 """
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rewards.base import Reward, build_reward, known_rewards
+from rewards.base import Reward, build_reward, known_rewards, reward_class
 from rewards.combine import WeightedSum
+
+
+def reward_options(name: str) -> list[str]:
+    """The keyword arguments reward `name` is built with (its constructor's named parameters)."""
+    parameters = inspect.signature(reward_class(name)).parameters.values()
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 class RewardConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     weights: dict[str, float] = Field(default_factory=lambda: {"digit_alignment": 1.0})
-    # Folder holding config.json + model.safetensors; a relative path is taken from the CWD.
-    digit_classifier_path: str | None = None
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per reward: keyword arguments of its constructor, e.g. "
+        "{digit_alignment: {path: FOLDER}}; a relative path is taken from the current directory")
 
     @field_validator("weights")
     @classmethod
@@ -35,15 +46,22 @@ class RewardConfig(BaseModel):
             raise ValueError(f"reward weights must be positive and finite, got {bad}")
         return weights
 
+    @field_validator("options")
+    @classmethod
+    def _check_options(cls, options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, given in options.items():
+            if name not in known_rewards():
+                raise ValueError(f"options for unknown reward {name!r}; known rewards: {', '.join(known_rewards())}")
+            accepted = reward_options(name)
+            unknown = sorted(set(given) - set(accepted))
+            if unknown:
+                raise ValueError(f"{name} has no option(s) {unknown}; it takes: {', '.join(accepted) or 'none'}")
+        return options
+
 
 def build_reward_from_config(cfg: RewardConfig) -> Reward:
     """The configured reward: the single reward when one is named with weight 1, else a WeightedSum."""
-    rewards: dict[str, Reward] = {}
-    for name in cfg.weights:
-        options: dict[str, object] = {}
-        if name == "digit_alignment" and cfg.digit_classifier_path is not None:
-            options["path"] = cfg.digit_classifier_path
-        rewards[name] = build_reward(name, **options)
+    rewards = {name: build_reward(name, **cfg.options.get(name, {})) for name in cfg.weights}
     if len(rewards) == 1 and next(iter(cfg.weights.values())) == 1.0:
         return next(iter(rewards.values()))
     return WeightedSum(rewards, cfg.weights)

@@ -24,6 +24,19 @@ def embedded_policy():
     return load_policy(EMBEDDED_MODEL)
 
 
+@pytest.fixture(scope="session")
+def small_trainer() -> Callable:
+    """`small_trainer(*overrides, run_dir=None)`: a single-process Trainer at the tiny scale (tests/tiny.py)."""
+    from tiny import tiny_config
+
+    from learner.trainer import Trainer
+
+    def make(*overrides: str, run_dir=None) -> Trainer:
+        return Trainer(tiny_config(*overrides), run_dir=run_dir)
+
+    return make
+
+
 @pytest.fixture
 def restart_sync_service() -> Callable:
     """Kill a WeightSyncService and wait until its restarted, empty successor answers. `ray.kill` is

@@ -11,25 +11,15 @@ import torch
 from cluster.config import ConfigError, load_config
 from learner.advantages import ADVANTAGE_MODES, AdvantageMode
 from learner.algorithms import ALGORITHMS, Algorithm
+from learner.config import DecayConfig
 from learner.ema import ParameterEMA, ema_decay
 from learner.objectives import Objective
 from learner.rollouts import Sampling, exploration_sampling, generate
-from learner.schedules import DecayConfig
 from learner.selection import SELECTION_MODES, SelectionMode
-from learner.trainer import Trainer
 from learner.updates import OBJECTIVES
-
-SMALL = [
-    "prompts.per_iteration=2", "prompts.candidates=8", "prompts.keep=4", "sampler.steps=4", "explore.steps=3",
-    "eval.every=0", "eval.prompts=2", "eval.seeds_per_prompt=2", "eval.steps=4", "training.lora_rank=4",
-    "training.lora_alpha=8", "learner.micro_batch=64",
-]
 
 PROMPT = "a handwritten digit three"
 
-
-def small_trainer(*overrides: str) -> Trainer:
-    return Trainer(load_config("configs/embedded.yaml", SMALL + list(overrides)))
 
 
 def copy(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -43,7 +33,7 @@ def test_every_registry_covers_its_config_literal_exactly():
     assert set(ADVANTAGE_MODES) == set(get_args(AdvantageMode))
 
 
-def test_the_first_soft_update_uses_the_decay_of_step_one():
+def test_the_first_soft_update_uses_the_decay_of_step_one(small_trainer):
     """Official: return_decay(global_step) after global_step += 1, so type 1 gives d = 0.001 at once
     (before: d(0) = 0, θ_old became θ exactly)."""
     trainer = small_trainer("learner.decay.type=1", "learner.algorithm=diffusionnft")
@@ -72,7 +62,7 @@ def test_exploration_uses_the_samplers_solver_unless_set():
     assert exploration_sampling(config) == Sampling(6, "euler", 1.0)
 
 
-def test_cfg_scale_reaches_every_sampling_path():
+def test_cfg_scale_reaches_every_sampling_path(small_trainer):
     """Before: sampler.cfg_scale was validated and then never passed to a sampler."""
     plain, guided = small_trainer(), small_trainer("sampler.cfg_scale=3.0")
     assert guided.regen_sampling.cfg_scale == guided.explore_sampling.cfg_scale == guided.eval_sampling.cfg_scale == 3
@@ -86,7 +76,7 @@ def test_cfg_scale_reaches_every_sampling_path():
     assert torch.equal(out.x0, direct)
 
 
-def test_ema_follows_the_official_warm_up_and_is_what_evaluation_sees():
+def test_ema_follows_the_official_warm_up_and_is_what_evaluation_sees(small_trainer):
     params = {"w": torch.zeros(3)}
     ema = ParameterEMA(params, decay=0.9)
     params["w"] += 1.0
@@ -110,7 +100,7 @@ def test_ema_follows_the_official_warm_up_and_is_what_evaluation_sees():
     assert all(torch.equal(theta1[k], kept[k]) for k in kept), "θ must come back bit for bit"
 
 
-def test_a_non_finite_micro_batch_is_dropped_not_the_update():
+def test_a_non_finite_micro_batch_is_dropped_not_the_update(small_trainer):
     """Before: one NaN loss made the whole update skip. Now that micro-batch is dropped (the official
     loop zeroes its loss) and the rest still trains."""
     trainer = small_trainer("learner.algorithm=diffusionnft", "learner.micro_batch=4")
@@ -121,7 +111,7 @@ def test_a_non_finite_micro_batch_is_dropped_not_the_update():
     rewards = trainer.rewards_for_update(0, groups)
     before = copy(trainer.state.theta_parameters())
     metrics = trainer.update(0, groups, trainer.objective.advantages(rewards, trainer.config.learner))
-    trained_timesteps = round(0.6 * 4)
+    trained_timesteps = int(0.6 * 4)  # ⌊timestep_fraction · steps⌋
     assert metrics["dropped_micro_batches"] == trained_timesteps
     after = trainer.state.theta_parameters()
     assert trainer.state.skipped_steps == 0

@@ -25,7 +25,7 @@ import pytest
 
 pytestmark = pytest.mark.ray
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 RAY = str(VENV_BIN / "ray")
 SETS = ["run.iterations=2", "prompts.per_iteration=2", "prompts.candidates=16", "prompts.keep=4",

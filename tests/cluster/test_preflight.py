@@ -22,7 +22,7 @@ from diffusion.loading import check_model_folder, check_safetensors
 from diffusion.prompts import load_prompts
 from rewards.digit_classifier import DEFAULT_DIR as CLASSIFIER_DIR
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PRESET = "configs/embedded.yaml"
 TRANSFORMER_WEIGHTS = Path("transformer") / "diffusion_pytorch_model.safetensors"
 
@@ -222,31 +222,30 @@ class _Counting:
 
 
 def test_reward_classifier_folder_is_checked(tmp_path):
-    field = r"reward\.digit_classifier_path"
-    fails(config_with(f"reward.digit_classifier_path={tmp_path / 'nope'}"),
+    field = r"reward\.options\.digit_alignment\.path"
+    fails(config_with(f"reward.options.digit_alignment.path={tmp_path / 'nope'}"),
           rf"{field}: \S+/nope does not exist; name the folder holding config\.json and model\.safetensors \(null: "
           r"the committed classifier\), or build one with `python -m rewards\.train_digit_classifier --out \S+/nope`")
     folder = Path(shutil.copytree(CLASSIFIER_DIR, tmp_path / "classifier"))
-    assert check_inputs(config_with(f"reward.digit_classifier_path={folder}")) == []
+    assert check_inputs(config_with(f"reward.options.digit_alignment.path={folder}")) == []
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    fails(config_with(f"reward.digit_classifier_path={folder}"),
+    fails(config_with(f"reward.options.digit_alignment.path={folder}"),
           rf"{field}: \S+/model\.safetensors is truncated: its header places .*; copy or download it again")
     weights.unlink()
-    fails(config_with(f"reward.digit_classifier_path={folder}"),
+    fails(config_with(f"reward.options.digit_alignment.path={folder}"),
           rf"{field}: \S+/classifier has no model\.safetensors; rebuild it with `python -m "
           r"rewards\.train_digit_classifier --out \S+/classifier`")
     edit_json(folder / "config.json", format="something/else")
     shutil.copy(CLASSIFIER_DIR / "model.safetensors", weights)
-    fails(config_with(f"reward.digit_classifier_path={folder}"),
+    fails(config_with(f"reward.options.digit_alignment.path={folder}"),
           rf"{field}: \S+/config\.json is not a sol-rl/digit-classifier/v1 config \(format 'something/else'\)")
 
 
 def test_an_unused_classifier_path_is_a_note_not_an_error(tmp_path):
     notes = check_inputs(config_with("reward.weights={jpeg_compressibility: 1.0}",
-                                     f"reward.digit_classifier_path={tmp_path / 'nope'}"))
-    assert notes == [f"reward.digit_classifier_path={tmp_path / 'nope'} is ignored: digit_alignment is not in "
-                     "reward.weights"]
+                                     f"reward.options.digit_alignment.path={tmp_path / 'nope'}"))
+    assert notes == ["reward.options.digit_alignment is ignored: digit_alignment is not in reward.weights"]
 
 
 # ---- cross-field rules and odd keep ----------------------------------------------------------------

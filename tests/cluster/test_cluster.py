@@ -2,7 +2,7 @@
 
 Every process runs torch with one thread, so the learner actor, the explorers and the single-process
 reference compute bit for bit the same thing. Faults are real: processes die by SIGKILL at a chosen
-point, placed there by a function of tests/faults.py run inside the actor; NaNs are injected the same way.
+point, placed there by a function of tests/cluster/faults.py run inside the actor; NaNs are injected the same way.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import sys
 import pytest
 import ray
 import torch
-from faults import die_in_update, die_on_explore_call, die_writing_checkpoint, nan_loss_once, nan_reward_once
+from faults import die_in_update, die_on_explore_call, die_writing_checkpoint, nan_loss_for_one_update, nan_reward_once
 from safetensors.torch import load_file
+from tiny import tiny_config, tiny_sets
 
 from cluster import driver, launch
-from cluster.config import load_config
 from diffusion.noise import candidate_seeds
 from learner.evaluation import evaluated_weights
 from learner.rollouts import exploration_sampling, explore_group
@@ -30,16 +30,10 @@ from weight_sync.codecs import Manifest, decode
 pytestmark = pytest.mark.ray
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # CrashingExplorer below runs in a worker
 
-SMALL = [
-    "prompts.per_iteration=2", "prompts.candidates=8", "prompts.keep=4", "sampler.steps=3", "explore.steps=2",
-    "eval.every=0", "eval.prompts=2", "eval.seeds_per_prompt=2", "training.lora_rank=4", "training.lora_alpha=8",
-    "run.iterations=2", "run.checkpoint_every=1", "cluster.explorers.num_cpus=0.5", "cluster.learner.num_cpus=0.5",
-    "cluster.explorers.threads=1", "cluster.learner.threads=1",
-]
 
 
 def config(*overrides: str):
-    return load_config("configs/embedded.yaml", SMALL + list(overrides))
+    return tiny_config(*overrides, ray=True)
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +187,7 @@ def test_a_crash_loop_ends_the_job_naming_the_explorer(local_ray):
 # ---- a crashed learner, resumed -------------------------------------------------------------------------
 def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, reference_weights, capsys):
     cfg, run_dir = config("eval.every=1"), tmp_path / "run"
-    args = argparse.Namespace(resume=None, checkpoint="latest", config="configs/embedded.yaml", set=SMALL)
+    args = argparse.Namespace(resume=None, checkpoint="latest", config="configs/embedded.yaml", set=tiny_sets(ray=True))
 
     def started(_job, status) -> None:
         launch.record_launch(run_dir, cfg, args, status["iteration"])
@@ -284,8 +278,9 @@ def test_a_restarted_sync_service_is_republished_to(local_ray, tmp_path, referen
 
 # ---- non-finite values on the Ray path ------------------------------------------------------------------
 def test_nan_reward_and_nan_loss_skip_the_update_and_publish_nothing(local_ray, tmp_path):
-    """Iteration 1 regenerates one NaN reward, iteration 2 computes one NaN loss: both updates are
-    skipped and counted, the services' version stays where it was, and what they hold is finite."""
+    """Iteration 1 regenerates one NaN reward, iteration 2 computes only NaN losses: both updates are
+    skipped and counted (a single NaN micro-batch is only dropped: tests/learner/test_protocol.py), the
+    services' version stays where it was, and what they hold is finite."""
     versions: list[int] = []
 
     def inject(job, metrics) -> None:
@@ -293,7 +288,7 @@ def test_nan_reward_and_nan_loss_skip_the_update_and_publish_nothing(local_ray, 
         if metrics["iteration"] == 0:
             ray.get(job.learner.__ray_call__.remote(nan_reward_once))
         if metrics["iteration"] == 1:
-            ray.get(job.learner.__ray_call__.remote(nan_loss_once))
+            ray.get(job.learner.__ray_call__.remote(nan_loss_for_one_update))
 
     job, history = driver.run(config("run.iterations=4"), str(tmp_path / "nan"), log=lambda _: None,
                               on_iteration=inject)
@@ -307,4 +302,5 @@ def test_nan_reward_and_nan_loss_skip_the_update_and_publish_nothing(local_ray, 
     assert [m["policy_version"] for m in history] == [1, 1, 1, 2]
     assert versions == [1, 1, 1, 2]  # the service never saw a version from a skipped update
     assert [m["skipped_updates"] for m in history] == [0, 1, 2, 2]
+    assert [m.get("dropped_micro_batches", 0) for m in history] == [0, 0, 1, 0]  # ⌊0.6·3⌋ = 1 trained timestep
     assert version == 2 and all(bool(torch.isfinite(t.float()).all()) for t in state.values())

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tiny import tiny_sets
 
 from cluster.config import ConfigError, load_config
 from cluster.launch import IN_RAY_JOB, run_directory
 
-REPO = Path(__file__).resolve().parents[1]
-SMALL = ["prompts.per_iteration=2", "prompts.candidates=8", "prompts.keep=4", "sampler.steps=3", "explore.steps=2",
-         "eval.every=1", "eval.prompts=2", "eval.seeds_per_prompt=2", "training.lora_rank=4", "training.lora_alpha=8",
-         "cluster.explorers.num_cpus=0.5", "cluster.learner.num_cpus=0.5"]
+REPO = Path(__file__).resolve().parents[2]
+SMALL = tiny_sets("eval.every=1", ray=True)
 
 
 # ---- where runs land ------------------------------------------------------------------------------------

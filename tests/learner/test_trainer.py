@@ -5,19 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cluster.config import load_config
 from learner.trainer import Trainer
 from rewards.base import Reward, register_reward
-
-SMALL = [
-    "prompts.per_iteration=2", "prompts.candidates=8", "prompts.keep=4", "sampler.steps=4", "explore.steps=3",
-    "eval.every=0", "eval.prompts=2", "eval.seeds_per_prompt=2", "training.lora_rank=4", "training.lora_alpha=8",
-    "learner.micro_batch=64", "run.checkpoint_every=1",
-]
-
-
-def small_trainer(*overrides: str, run_dir=None) -> Trainer:
-    return Trainer(load_config("configs/embedded.yaml", SMALL + list(overrides)), run_dir=run_dir)
 
 
 def theta(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -33,7 +22,7 @@ def theta(trainer: Trainer) -> dict[str, torch.Tensor]:
         ("sol_rl", 2 * 4 * 4, 2 * 8 * 3),  # N at low precision, explore steps + K regenerated
     ],
 )
-def test_algorithms_sample_what_the_paper_says(algorithm, fp_steps, lp_steps):
+def test_algorithms_sample_what_the_paper_says(algorithm, fp_steps, lp_steps, small_trainer):
     trainer = small_trainer(f"learner.algorithm={algorithm}")
     before = theta(trainer)
     metrics = trainer.train_iteration(0)
@@ -43,7 +32,7 @@ def test_algorithms_sample_what_the_paper_says(algorithm, fp_steps, lp_steps):
     assert ("rank_spearman" in metrics) == (algorithm == "sol_rl")
 
 
-def test_engine_receives_the_sampling_policy_when_published():
+def test_engine_receives_the_sampling_policy_when_published(small_trainer):
     trainer = small_trainer()
     trainer.train_iteration(0)
     with pytest.raises(RuntimeError, match="call publish"):  # a stale engine is refused, never used
@@ -55,7 +44,7 @@ def test_engine_receives_the_sampling_policy_when_published():
     assert all(torch.equal(engine_state[k], v) for k, v in published.items())
 
 
-def test_resume_continues_bitwise(tmp_path):
+def test_resume_continues_bitwise(tmp_path, small_trainer):
     straight = small_trainer(run_dir=tmp_path / "a")
     straight.run(3, log=lambda _: None)
 
@@ -84,7 +73,7 @@ class NaNReward(Reward):
         return torch.full((images.shape[0],), float("nan")), {}
 
 
-def test_nan_rewards_skip_the_update_and_publish_nothing():
+def test_nan_rewards_skip_the_update_and_publish_nothing(small_trainer):
     trainer = small_trainer("reward.weights={nan_for_tests: 1.0}")
     before, engine_before = theta(trainer), {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
     metrics = trainer.train_iteration(0)
@@ -94,7 +83,7 @@ def test_nan_rewards_skip_the_update_and_publish_nothing():
     assert all(torch.equal(engine_before[k], v) for k, v in trainer.engine.module.state_dict().items())
 
 
-def test_shuffled_rewards_keep_each_prompts_reward_multiset():
+def test_shuffled_rewards_keep_each_prompts_reward_multiset(small_trainer):
     plain, shuffled = small_trainer(), small_trainer("learner.shuffle_rewards=true")
     groups = [plain.rollout(0, slot, p) for slot, p in enumerate(plain.prompts_for(0))]
     a = plain.rewards_for_update(0, groups)
@@ -103,7 +92,7 @@ def test_shuffled_rewards_keep_each_prompts_reward_multiset():
     assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
 
 
-def test_art_objective_runs_both_windows():
+def test_art_objective_runs_both_windows(small_trainer):
     trainer = small_trainer("learner.objective=art", "learner.decay.type=0", "learner.algorithm=diffusionnft")
     before = theta(trainer)
     metrics = trainer.train_iteration(0)
@@ -114,6 +103,6 @@ def test_art_objective_runs_both_windows():
     assert all(torch.equal(old[k], v) for k, v in theta(trainer).items())
 
 
-def test_evaluation_is_deterministic():
+def test_evaluation_is_deterministic(small_trainer):
     trainer = small_trainer()
     assert trainer.evaluate() == trainer.evaluate()

@@ -1,6 +1,6 @@
 """Faults placed inside Ray actors: `ray.get(actor.__ray_call__.remote(hook, *args))` runs a hook in the
 actor's process with the actor instance as its first argument. Processes die by SIGKILL, exactly where
-the hook says; NaNs replace real values once. Pickled by value, since workers cannot import tests/."""
+the hook says; NaNs replace real values once. Pickled by value, since workers cannot import the test folders."""
 
 from __future__ import annotations
 
@@ -29,15 +29,15 @@ def die_on_explore_call(explorer, call: int) -> None:
 
 def die_in_update(learner) -> None:
     """SIGKILL the learner in the middle of its next update (its first loss evaluation)."""
-    import learner.trainer as trainer_module
+    import learner.updates as updates_module
 
-    loss_fn = trainer_module.nft_loss
+    loss_fn = updates_module.nft_loss
 
     def dying_loss(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
         return loss_fn(*args, **kwargs)
 
-    trainer_module.nft_loss = dying_loss
+    updates_module.nft_loss = dying_loss
 
 
 def die_writing_checkpoint(learner, checkpoint: int) -> None:
@@ -45,7 +45,7 @@ def die_writing_checkpoint(learner, checkpoint: int) -> None:
     import learner.checkpoint as checkpoint_module
 
     write, seen = checkpoint_module.write_safetensors, {"files": 0}
-    files_per_checkpoint = 4
+    files_per_checkpoint = len(checkpoint_module.FILES) + (learner.trainer.state.ema is not None)
 
     def dying_write(*args, **kwargs):
         seen["files"] += 1
@@ -74,16 +74,14 @@ def nan_reward_once(learner) -> None:
     learner.trainer.reward = NaNOnce(learner.trainer.reward)
 
 
-def nan_loss_once(learner) -> None:
-    import learner.trainer as trainer_module
+def nan_loss_for_one_update(learner) -> None:
+    """Every loss of the next update is NaN: each micro-batch is dropped, so the update is skipped."""
+    import learner.updates as updates_module
 
-    loss_fn, armed = trainer_module.nft_loss, [True]
+    loss_fn, iteration = updates_module.nft_loss, learner.trainer.iteration
 
     def nan_loss(*args, **kwargs):
         loss = loss_fn(*args, **kwargs)
-        if armed:
-            armed.clear()
-            return loss * float("nan")
-        return loss
+        return loss * float("nan") if learner.trainer.iteration == iteration else loss
 
-    trainer_module.nft_loss = nan_loss
+    updates_module.nft_loss = nan_loss

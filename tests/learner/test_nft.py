@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from learner.advantages import compute_advantages
+from learner.config import DecayConfig
 from learner.objectives import nft_loss, nft_optimality, trained_timestep_indices
-from learner.schedules import DecayConfig, linear_decay, nft_decay
+from learner.schedules import linear_decay, nft_decay
 from learner.selection import select_candidates
 
 # ---- selection ---------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ from collections import defaultdict
 import pytest
 import ray
 from faults import die_on_explore_call
+from tiny import tiny_config
 
 from cluster import driver
-from cluster.config import load_config
 
 pytestmark = pytest.mark.ray
 
@@ -33,11 +33,8 @@ def scrape(port: int) -> dict[str, float]:
 def test_dashboard_metrics_carry_the_runs_values(tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        cfg = load_config("configs/embedded.yaml", [
-            f"prompts.per_iteration={PROMPTS}", f"prompts.candidates={CANDIDATES}", "prompts.keep=4",
-            "sampler.steps=3", "explore.steps=2", "eval.every=0", "training.lora_rank=4", "training.lora_alpha=8",
-            f"run.iterations={ITERATIONS}", "cluster.explorers.num_cpus=0.5", "cluster.learner.num_cpus=0.5",
-            "cluster.explorers.threads=1", "cluster.learner.threads=1"])
+        cfg = tiny_config(f"prompts.per_iteration={PROMPTS}", f"prompts.candidates={CANDIDATES}",
+                          f"run.iterations={ITERATIONS}", ray=True)
         # The explorer dies once, in its very first slot: before it counted anything, because a dead
         # process's series leave the endpoint with it (Ray drops them; counts are per process).
         def arm(job, _status) -> None:

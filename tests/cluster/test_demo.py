@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+from tiny import tiny_sets
+
 from cluster.demo import main
 
-SMALL = ["prompts.per_iteration=2", "prompts.candidates=16", "prompts.keep=4", "sampler.steps=3", "explore.steps=2",
-         "eval.every=1", "eval.prompts=2", "eval.seeds_per_prompt=2", "training.lora_rank=4", "training.lora_alpha=8"]
+SMALL = tiny_sets("prompts.candidates=16", "eval.every=1", ray=True)
 
 
 def test_demo_runs_end_to_end(tmp_path, capsys):

@@ -272,7 +272,7 @@ def test_weighted_sum_rejects_bad_weights(rewards, weights, message):
 
 def test_config_defaults_build_the_committed_digit_alignment():
     cfg = RewardConfig()
-    assert cfg.weights == {"digit_alignment": 1.0} and cfg.digit_classifier_path is None
+    assert cfg.weights == {"digit_alignment": 1.0} and cfg.options == {}
     assert isinstance(build_reward_from_config(cfg), DigitAlignment)
 
 
@@ -281,7 +281,7 @@ def test_config_with_two_rewards_builds_a_weighted_sum(tmp_path, heldout):
     cfg = RewardConfig.model_validate(
         {
             "weights": {"digit_alignment": 1.0, "jpeg_compressibility": 0.5},
-            "digit_classifier_path": str(tmp_path / "clf"),
+            "options": {"digit_alignment": {"path": str(tmp_path / "clf")}},
         }
     )
     reward = build_reward_from_config(cfg)
@@ -290,6 +290,16 @@ def test_config_with_two_rewards_builds_a_weighted_sum(tmp_path, heldout):
     (tmp_path / "clf" / "model.safetensors").unlink()  # the configured path is the one that is read
     with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
         build_reward_from_config(cfg)
+
+
+def test_reward_options_are_checked_against_the_rewards_constructor():
+    with pytest.raises(ValueError, match=r"digit_alignment has no option\(s\) \['pth'\]; it takes: path, device, "
+                                         r"batch_size"):
+        RewardConfig.model_validate({"options": {"digit_alignment": {"pth": "x"}}})
+    with pytest.raises(ValueError, match=r"options for unknown reward 'pickscore'; known rewards: "):
+        RewardConfig.model_validate({"options": {"pickscore": {}}})
+    reward = build_reward_from_config(RewardConfig.model_validate({"options": {"digit_alignment": {"batch_size": 7}}}))
+    assert reward.batch_size == 7
 
 
 def test_single_reward_with_a_weight_other_than_one_keeps_its_scale(heldout):

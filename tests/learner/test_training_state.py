@@ -13,7 +13,8 @@ from diffusion.config import EMBEDDED_MODEL
 from diffusion.loading import load_policy
 from diffusion.quant import load_weights, quantize_model
 from learner.checkpoint import load_checkpoint, save_checkpoint
-from learner.training_state import TrainingConfig, TrainingState
+from learner.config import TrainingConfig
+from learner.training_state import TrainingState
 
 BATCH = 2
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cluster.config import load_config
 from cluster.figures import save_image_grid, save_reward_curve
 from diffusion.config import EMBEDDED_MODEL
 from diffusion.loading import load_policy
@@ -32,12 +31,12 @@ from learner.checkpoint import (
     verify_checkpoint,
     write_safetensors,
 )
+from learner.config import TrainingConfig
 from learner.rollouts import generate
-from learner.trainer import Trainer
-from learner.training_state import TrainingConfig, TrainingState
+from learner.training_state import TrainingState
 
 MISMATCH = "checksum mismatch (the file changed after it was written)"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -312,18 +311,10 @@ def test_equal_tensors_give_equal_files_across_calls_and_processes(saved, tmp_pa
 
 
 # ---- the trainer: publish, final weights, sample grids ---------------------------------------------
-SMALL = [
-    "prompts.per_iteration=2", "prompts.candidates=8", "prompts.keep=4", "sampler.steps=4", "explore.steps=3",
-    "eval.every=0", "eval.seeds_per_prompt=2", "training.lora_rank=4", "training.lora_alpha=8",
-    "learner.micro_batch=64", "run.checkpoint_every=1",
-]
 
 
-def small_trainer(*overrides: str, run_dir=None) -> Trainer:
-    return Trainer(load_config("configs/embedded.yaml", SMALL + list(overrides)), run_dir=run_dir)
 
-
-def test_final_weights_are_deterministic_files(tmp_path):
+def test_final_weights_are_deterministic_files(tmp_path, small_trainer):
     trainer = small_trainer("eval.prompts=1")
     trainer.iteration, trainer.version = 3, 2
     for i in range(12):
@@ -337,7 +328,7 @@ def test_final_weights_are_deterministic_files(tmp_path):
         assert (tmp_path / f"child_{name}").read_bytes() == reference
 
 
-def test_publish_and_save_final_refuse_non_finite_weights(tmp_path):
+def test_publish_and_save_final_refuse_non_finite_weights(tmp_path, small_trainer):
     trainer = small_trainer("eval.prompts=1", "training.ema=false")  # θ itself is what final/ holds
     theta = trainer.state.theta_parameters()
     name = sorted(k for k in theta if ".lora_B." in k)[0]
@@ -365,7 +356,7 @@ def test_publish_and_save_final_refuse_non_finite_weights(tmp_path):
     assert all(torch.equal(engine_before[k], after[k]) for k in engine_before), "the engine got NaN weights"
 
 
-def test_sample_grid_ignores_the_prompt_cache_and_thread_count():
+def test_sample_grid_ignores_the_prompt_cache_and_thread_count(small_trainer):
     """Before: a held-out prompt encoded first as a batch of one (evaluate) and later with the others
     (sample_images) gave conditionings that differ in the last bit, and so different grids. A prompt is
     now encoded alone on one thread wherever it comes from."""
@@ -389,7 +380,7 @@ def test_sample_grid_ignores_the_prompt_cache_and_thread_count():
     assert torch.allclose(adapted, images, atol=1e-5, rtol=0)
 
 
-def test_resumed_run_draws_the_same_grid_bytes(tmp_path):
+def test_resumed_run_draws_the_same_grid_bytes(tmp_path, small_trainer):
     """2 iterations straight (after a base evaluation, as a fresh `cluster.launch` run does) vs 1 iteration,
     a checkpoint, a fresh trainer restored from it and 1 more: equal weights, equal PNG bytes. With run
     seed 2 the old sampling path differed in 2 pixels of the grid."""
