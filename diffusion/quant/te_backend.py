@@ -10,6 +10,11 @@ eligible 1×1 convolutions become a ``te.pytorch.Linear`` run over the channels 
 the engine's whole forward runs inside TE's FP4 autocast (:func:`fp4_autocast`, the backend's runtime
 context, entered by the engine itself): outside it ``te.Linear`` computes in the parameters' precision.
 TE quantizes the high-precision weights on every forward, so loading new weights needs no refresh.
+
+The recipe is TE's documented NVFP4 one, ``NVFP4BlockScaling`` (16-element blocks with E4M3 scales,
+the format this project's `nvfp4` numerics reproduce). The official script builds
+``DelayedScaling(fp8_format=Format.E2M1)`` instead; which GEMMs TE then runs has not been checked on
+Blackwell hardware here.
 """
 
 from __future__ import annotations
