@@ -16,16 +16,17 @@ import ray
 import torch
 
 from actors.metrics import LearnerMetrics
+from diffusion.explore import ExplorePlan
 from learner.rollouts import RankedGroup
 from learner.trainer import Trainer
 from weight_sync.publisher import WeightPublisher
 
 
-def codec_for(precision: str, requested: str) -> str:
-    """auto: NVFP4 engines receive packed NVFP4 weights (the re-quantized broadcast), others dense."""
+def codec_for(plan: ExplorePlan, requested: str) -> str:
+    """auto: engines with NVFP4 weights receive them packed (the re-quantized broadcast), others dense."""
     if requested != "auto":
         return requested
-    return "nvfp4" if precision in ("nvfp4", "nvfp4_w4a16") else "dense"
+    return "nvfp4" if plan.quantized_weights else "dense"
 
 
 class Learner:
@@ -33,8 +34,8 @@ class Learner:
                  codec: str = "auto", threads: int = 1) -> None:
         """`services`: node id → that node's WeightSyncService (this job's own)."""
         torch.set_num_threads(threads)
-        self.codec = codec_for(config.explore.precision, codec)
         self.trainer = Trainer(config, run_dir, remote_explorers=True)
+        self.codec = codec_for(self.trainer.explore_plan, codec)
         # The services pull snapshots from this actor (it runs with max_concurrency > 1) and so own them.
         self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.explore_plan.quantized_weights,
                                          source=ray.get_runtime_context().current_actor)

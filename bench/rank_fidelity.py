@@ -20,6 +20,7 @@ import torch
 
 from cluster.config import load_config
 from diffusion.loading import load_policy_from_config
+from diffusion.quant import QUANTIZED_PRECISIONS
 from learner.fidelity import format_table, measure
 from rewards import build_reward_from_config
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=96)
     parser.add_argument("--explore-steps", type=int, default=6)
     parser.add_argument("--train-steps", type=int, default=10)
-    parser.add_argument("--precisions", type=lambda s: s.split(","), default=["nvfp4", "nvfp4_w4a16", "fp8"])
+    parser.add_argument("--precisions", type=lambda s: s.split(","), default=list(QUANTIZED_PRECISIONS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -20,7 +20,7 @@ import warnings
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ import torch
 from diffusion.quant import NVFP4Packed, nvfp4_dequantize, nvfp4_quantize
 
 Codec = Literal["dense", "nvfp4", "lora"]
-CODECS: tuple[str, ...] = ("dense", "nvfp4", "lora")
+CODECS: tuple[str, ...] = get_args(Codec)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
            "uint8": torch.uint8}
