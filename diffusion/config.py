@@ -23,6 +23,8 @@ class ModelConfig(BaseModel):
     )
     shift: float | None = Field(None, gt=0, description="time shift; None takes the scheduler config's")
     resolution: int | None = Field(None, gt=0, description="pixels; None takes the transformer's sample size")
+    guidance: float | None = Field(None, gt=0, description="distilled guidance of families that take it (FLUX); "
+                                   "None: the family's default")
 
     def folder(self) -> Path:
         return EMBEDDED_MODEL if self.path == "embedded" else Path(self.path)

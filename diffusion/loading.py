@@ -77,9 +77,10 @@ def load_policy(
     dtype: torch.dtype = torch.float32,
     shift: float | None = None,
     resolution: int | None = None,
+    guidance: float | None = None,
 ) -> FlowPolicy:
     """Load a model folder. `shift` overrides the scheduler's time shift; `resolution` (pixels) the
-    transformer's default sample size."""
+    transformer's default sample size; `guidance` the family's distilled guidance value (FLUX)."""
     folder = Path(path)
     _require(folder, "the model folder does not exist")
     _require(folder / "model_index.json", "model_index.json names the folder's components")
@@ -104,22 +105,15 @@ def load_policy(
     scheduler_config = folder / "scheduler" / "scheduler_config.json"
     _require(scheduler_config, "the scheduler config gives the time shift")
     scheduler = json.loads(scheduler_config.read_text())
-    if scheduler.get("use_dynamic_shifting"):
-        raise NotImplementedError("resolution-dependent (dynamic) time shift is not supported yet")
-
-    config = components["transformer"].config
-    vae = components.get("vae")
-    scale = 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
-    size = config.sample_size if resolution is None else resolution // scale
-    if resolution is not None and resolution % (scale * config.patch_size):
-        raise ValueError(f"resolution {resolution} must be a multiple of {scale * config.patch_size}")
     return FlowPolicy(
         family,
         components,
-        shift=float(scheduler.get("shift", 1.0) if shift is None else shift),
-        latent_shape=(config.in_channels, size, size),
+        scheduler=scheduler,
+        latent_shape=family.latent_shape(components, resolution),
         device=target,
         dtype=dtype,
+        shift=shift,
+        guidance=guidance,
     )
 
 
@@ -132,7 +126,8 @@ def load_policy_from_config(config: ModelConfig) -> FlowPolicy:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
         dtype = getattr(torch, config.dtype)
-    return load_policy(config.folder(), device=device, dtype=dtype, shift=config.shift, resolution=config.resolution)
+    return load_policy(config.folder(), device=device, dtype=dtype, shift=config.shift, resolution=config.resolution,
+                       guidance=config.guidance)
 
 
 # ---- checks without loading (run by the launcher before any actor starts) ---------------------------
@@ -250,9 +245,7 @@ def check_model_folder(path: str | os.PathLike) -> None:
         if not family.supported:
             raise NotImplementedError(f"{where}: model family {family.name!r} is not supported yet: {family.note}")
 
-    scheduler_file = folder / "scheduler" / "scheduler_config.json"
-    if _read_json(scheduler_file, "the scheduler config gives the time shift").get("use_dynamic_shifting"):
-        raise NotImplementedError(f"{scheduler_file}: resolution-dependent (dynamic) time shift is not supported yet")
+    _read_json(folder / "scheduler" / "scheduler_config.json", "the scheduler config gives the time shift")
 
     for name in components:
         component = folder / name

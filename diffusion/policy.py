@@ -9,13 +9,14 @@ samplers of the full-precision policy.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from diffusion.families import Conditioning, Family
 from diffusion.noise import initial_noise
-from diffusion.samplers import SampleResult, Solver, flow_sigmas, sample_ode
+from diffusion.samplers import SampleResult, Solver, sample_ode
 
 
 class FlowPolicy:
@@ -24,19 +25,25 @@ class FlowPolicy:
         family: Family,
         components: Mapping[str, nn.Module],
         *,
-        shift: float,
+        scheduler: Mapping[str, Any],
         latent_shape: tuple[int, int, int],
         device: torch.device,
         dtype: torch.dtype,
+        shift: float | None = None,
+        guidance: float | None = None,
     ) -> None:
+        """`scheduler`: the folder's scheduler config (the σ grid's shift); `shift` overrides its shift;
+        `guidance`: the distilled guidance value of families that take one (None: the family's default)."""
         self.family = family
         self.components = dict(components)
         self.transformer: nn.Module = self.components["transformer"]
         self.vae: nn.Module | None = self.components.get("vae")
+        self.scheduler = dict(scheduler)
         self.shift = shift
         self.latent_shape = latent_shape
         self.device = device
         self.dtype = dtype
+        self.guidance = family.default_guidance if guidance is None else guidance
         self._prompt_cache: dict[str, Conditioning] = {}
 
     # ---- prompts -------------------------------------------------------------------------------
@@ -59,7 +66,10 @@ class FlowPolicy:
             finally:
                 torch.set_num_threads(threads)
         keys = self._prompt_cache[prompts[0]].keys()
-        return {k: torch.cat([self._prompt_cache[p][k] for p in prompts]) for k in keys}
+        cond = {k: torch.cat([self._prompt_cache[p][k] for p in prompts]) for k in keys}
+        if self.guidance is not None:
+            cond["guidance"] = torch.full((len(prompts),), float(self.guidance), device=self.device)
+        return cond
 
     # ---- model ---------------------------------------------------------------------------------
     def velocity(
@@ -83,7 +93,8 @@ class FlowPolicy:
         return v_u + cfg_scale * (v_c - v_u)
 
     def sigmas(self, steps: int, shift: float | None = None) -> torch.Tensor:
-        return flow_sigmas(steps, self.shift if shift is None else shift)
+        """The family's σ grid for this policy's latent shape (`shift` overrides the policy's)."""
+        return self.family.sigmas(steps, self.scheduler, self.latent_shape, self.shift if shift is None else shift)
 
     @torch.inference_mode()
     def sample(
@@ -134,14 +145,5 @@ class FlowPolicy:
     # ---- images --------------------------------------------------------------------------------
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Images in [0, 1], float32 [B, C, H, W].
-
-        With a VAE: x / scaling_factor + shift_factor → VAE decoder → (y + 1) / 2. Without one the
-        model works in pixel space (the embedded world): image = (x + 1) / 2.
-        """
-        if self.vae is None:
-            return ((latents.float() + 1.0) / 2.0).clamp_(0.0, 1.0)
-        config = self.vae.config
-        z = latents.to(self.vae.dtype) / config.scaling_factor + (getattr(config, "shift_factor", None) or 0.0)
-        images = self.vae.decode(z, return_dict=False)[0]
-        return ((images.float() + 1.0) / 2.0).clamp_(0.0, 1.0)
+        """Images in [0, 1], float32 [B, C, H, W] (`Family.decode`)."""
+        return self.family.decode(self.components, latents)

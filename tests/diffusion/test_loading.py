@@ -64,7 +64,7 @@ def tiny_sd3_folder(tmp_path_factory):
 def test_loaded_sd3_matches_the_diffusers_pipeline(tiny_sd3_folder):
     folder, pipe = tiny_sd3_folder
     policy = load_policy(folder)
-    assert policy.family.name == "sd3" and policy.latent_shape == (4, 8, 8) and policy.shift == 3.0
+    assert policy.family.name == "sd3" and policy.latent_shape == (4, 8, 8) and policy.scheduler["shift"] == 3.0
     seeds = candidate_seeds(0, 0, 0, len(PROMPTS))
     noise = initial_noise(seeds, policy.latent_shape)
 

@@ -1,53 +1,14 @@
-"""Model families: what differs between SD3, FLUX and SANA, and nothing else.
-
-A family knows how to turn prompts into the transformer's conditioning, how to call its transformer
-for a velocity, and which modules stay in high precision in the low-precision engine (the skip lists
-and minimum sizes of the Sol-RL configs). Everything else — loading, noise, samplers, rewards, the
-learner — is family-agnostic and goes through this interface.
-"""
+"""Stable Diffusion 3 / 3.5 (Large and Medium): MMDiT `SD3Transformer2DModel`, CLIP-L + CLIP-G + T5-XXL."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-Conditioning = dict[str, torch.Tensor]  # per-sample tensors, batch first
-
-
-@dataclass(frozen=True)
-class QuantPolicy:
-    """Which layers the low-precision engine replaces (Sol-RL's per-family settings).
-
-    The rule (`diffusion.quant.layer_rule`, the official `replace_linear_with_te`): a Linear (and,
-    with `conv1x1`, a 1×1 convolution) is replaced unless a `skip` pattern is a substring of its
-    qualified name or `min_dim > 0 and max(in, out) <= min_dim`.
-    """
-
-    skip: tuple[str, ...]  # substrings of qualified names kept in high precision
-    min_dim: int  # layers with max(in, out) <= min_dim stay in high precision (0: no size limit)
-    conv1x1: bool = False  # also replace 1×1 convolutions, run as Linears over channels (SANA)
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    transformer_class: str
-    quant: QuantPolicy
-    lora_targets: tuple[str, ...]
-    supported: bool = True
-    note: str = ""
-    text_components: tuple[str, ...] = field(default=())
-
-    def encode(self, components: Mapping[str, nn.Module], prompts: Sequence[str]) -> Conditioning:
-        raise NotImplementedError(f"model family {self.name!r} is not supported yet: {self.note}")
-
-    def velocity(
-        self, transformer: nn.Module, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
-    ) -> torch.Tensor:
-        raise NotImplementedError(f"model family {self.name!r} is not supported yet: {self.note}")
+from diffusion.families.base import Conditioning, Family, QuantPolicy
 
 
 @dataclass(frozen=True)
@@ -129,44 +90,3 @@ SD3 = SD3Family(
     ),
     text_components=("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "text_encoder_3", "tokenizer_3"),
 )
-FLUX = Family(
-    name="flux",
-    transformer_class="FluxTransformer2DModel",
-    # FLUX.1-dev: 495 of its 504 Linears run in NVFP4 (every block layer, and proj_out).
-    quant=QuantPolicy(skip=("x_embedder", "context_embedder", "time_text_embed", "norm_out"), min_dim=1000),
-    lora_targets=("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"),
-    supported=False,
-    note="FLUX.1 prompt encoding (CLIP pooled + T5) and latent packing come in a later issue",
-)
-SANA = Family(
-    name="sana",
-    transformer_class="SanaTransformer2DModel",
-    quant=QuantPolicy(
-        skip=(
-            # The official list names the native SANA model's modules ...
-            "t_embedder", "t_block", "cfg_embedder", "y_embedder", "x_embedder",
-            "final_layer", "logvar_linear", "attn.qkv",
-            # ... and these are the same modules in diffusers' SanaTransformer2DModel: t_embedder,
-            # t_block and cfg_embedder live in time_embed, y_embedder is caption_projection,
-            # x_embedder patch_embed, final_layer proj_out, attn.qkv attn1.to_{q,k,v}.
-            "time_embed", "caption_projection", "patch_embed", "proj_out",
-            "attn1.to_q", "attn1.to_k", "attn1.to_v",
-        ),
-        min_dim=2240,
-        conv1x1=True,  # the official SANA script replaces 1×1 convs too (train_nft_sana.py)
-    ),
-    lora_targets=("attn.qkv", "attn.proj", "cross_attn.q_linear", "cross_attn.kv_linear", "cross_attn.proj"),
-    supported=False,
-    note="SANA (Gemma text encoder, attention masks) comes in a later issue",
-)
-
-FAMILIES: dict[str, Family] = {f.name: f for f in (SD3, FLUX, SANA)}
-
-
-def family_for_transformer(class_name: str) -> Family:
-    """The family whose transformer class is `class_name`."""
-    for family in FAMILIES.values():
-        if family.transformer_class == class_name:
-            return family
-    known = ", ".join(f"{f.transformer_class} ({f.name})" for f in FAMILIES.values())
-    raise ValueError(f"no model family for transformer class {class_name!r}; known: {known}")
