@@ -25,6 +25,29 @@ def embedded_policy():
 
 
 @pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> Callable:
+    """`tiny_folder(family)`: the folder of that family's tiny pipeline (`python -m diffusion.tiny`),
+    built once per session; `tiny_folder.pipeline(family)` is the diffusers pipeline it was saved from."""
+    from diffusion.tiny import build_tiny_pipeline
+
+    pipelines, folders = {}, {}
+
+    def folder(family: str):
+        if family not in folders:
+            pipelines[family] = build_tiny_pipeline(family, seed=0)
+            folders[family] = tmp_path_factory.mktemp(f"tiny_{family}")
+            pipelines[family].save_pretrained(folders[family], safe_serialization=True)
+        return folders[family]
+
+    def pipeline(family: str):
+        folder(family)
+        return pipelines[family]
+
+    folder.pipeline = pipeline
+    return folder
+
+
+@pytest.fixture(scope="session")
 def small_trainer() -> Callable:
     """`small_trainer(*overrides, run_dir=None)`: a single-process Trainer at the tiny scale (tests/tiny.py)."""
     from tiny import tiny_config

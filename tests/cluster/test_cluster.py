@@ -17,17 +17,13 @@ import pytest
 import ray
 import torch
 from faults import die_in_update, die_on_explore_call, die_writing_checkpoint, nan_loss_for_one_update, nan_reward_once
-from safetensors.torch import load_file
+from jobs import assert_same, final_weights, run_job, single_process
 from tiny import tiny_config, tiny_sets
 
 from cluster import driver, launch
-from diffusion.noise import candidate_seeds
-from learner.evaluation import evaluated_weights
-from learner.rollouts import exploration_sampling, explore_group
-from learner.trainer import Trainer
 from weight_sync.codecs import Manifest, decode
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("no_leftover_actors")]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # CrashingExplorer below runs in a worker
 
 
@@ -37,72 +33,8 @@ def config(*overrides: str):
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_actors(local_ray):
-    """A test must leave no named actor (a weight-sync service) behind for the next one to find."""
-    yield
-    left = [n for n in ray.util.list_named_actors(all_namespaces=True) if "solrl" in str(n)]
-    for name in left:  # clean up, then fail: the next test must start clean either way
-        entry = name if isinstance(name, dict) else {"name": name, "namespace": None}
-        ray.kill(ray.get_actor(entry["name"], namespace=entry.get("namespace")), no_restart=True)
-    assert not left, f"named actors left behind: {left}"
-
-
-def final_weights(job, folder) -> dict[str, torch.Tensor]:
-    ray.get(job.learner.save_final.remote(str(folder)))
-    return load_file(str(folder / "transformer.safetensors"))
-
-
-def run_job(cfg, run_dir, **kwargs):
-    job, history = driver.run(cfg, str(run_dir), log=lambda _: None, **kwargs)
-    try:
-        return final_weights(job, run_dir / "final"), history
-    finally:
-        driver.stop(job)
-
-
-def single_process(cfg, lagged: bool = False) -> dict[str, torch.Tensor]:
-    """The single-process trainer, one thread: what every distributed run must reproduce exactly.
-    lagged: iteration i ≥ 1 is ranked with the policy of the iteration before (async mode, lag 1)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        trainer = Trainer(cfg)
-        versions = {0: trainer.state.sampling_weights()}
-        for iteration in range(cfg.run.iterations):
-            groups = None
-            if lagged and iteration > 0:
-                previous = trainer.version - 1
-                trainer.engine.load(versions[previous])
-                groups = [
-                    explore_group(trainer.policy, trainer.engine.module, trainer.reward, iteration=iteration, slot=s,
-                                  prompt=p, seeds=candidate_seeds(cfg.run.seed, iteration, s, cfg.prompts.candidates),
-                                  sampling=exploration_sampling(cfg), policy_version=previous)
-                    for s, p in enumerate(trainer.prompts_for(iteration))]
-            metrics = trainer.train_iteration(iteration, groups)
-            trainer.publish()
-            trainer.finish_iteration(metrics)
-            versions[trainer.version] = {k: v.clone() for k, v in trainer.state.sampling_weights().items()}
-        return evaluated_weights(trainer.state)
-    finally:
-        torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
 def reference_weights():
     return single_process(config())
-
-
-def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
 
 
 # ---- equivalence ----------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The model-folder loader on real diffusers formats, and its errors.
 
-A tiny but complete SD3 pipeline (two CLIP encoders, T5, VAE, word-level tokenizers built in memory)
-is saved with diffusers' own `save_pretrained`, loaded by `load_policy`, and must reproduce
+A tiny but complete SD3.5 pipeline (`diffusion.tiny`: two CLIP encoders, T5, VAE, word-level tokenizers
+built in memory) is saved with diffusers' own `save_pretrained`, loaded by `load_policy`, and must reproduce
 `StableDiffusion3Pipeline`'s own sampling exactly.
 """
 
@@ -12,8 +12,6 @@ import shutil
 
 import pytest
 import torch
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
 from diffusion.embedded.model import build_text_encoder, build_tokenizer, build_transformer, save_model_folder
 from diffusion.families import SD3
@@ -23,48 +21,16 @@ from diffusion.noise import candidate_seeds, initial_noise
 PROMPTS = ["a handwritten digit seven", "a drawing of the digit two"]
 
 
-def _clip(tokenizer, width: int, seed: int) -> CLIPTextModelWithProjection:
-    torch.manual_seed(seed)
-    config = CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=width, intermediate_size=2 * width, projection_dim=width,
-        num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=tokenizer.model_max_length,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    return CLIPTextModelWithProjection(config).eval()
-
-
 @pytest.fixture(scope="module")
-def tiny_sd3_folder(tmp_path_factory):
-    """A complete SD3 pipeline folder in diffusers' format, built offline."""
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    t5 = T5EncoderModel(T5Config(vocab_size=len(tokenizer), d_model=32, d_ff=37, d_kv=8, num_layers=2,
-                                 num_heads=4, decoder_start_token_id=0)).eval()
-    torch.manual_seed(1)
-    transformer = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8,
-        num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=24,
-        pos_embed_max_size=8,
-    ).eval()
-    torch.manual_seed(2)
-    vae = AutoencoderKL(block_out_channels=(8, 16), in_channels=3, out_channels=3, latent_channels=4,
-                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                        norm_num_groups=8, sample_size=16, shift_factor=0.1, scaling_factor=1.5).eval()
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
-        text_encoder=_clip(tokenizer, 16, 3), tokenizer=tokenizer,
-        text_encoder_2=_clip(tokenizer, 8, 4), tokenizer_2=build_tokenizer(),
-        text_encoder_3=t5, tokenizer_3=build_tokenizer(),
-    )
-    folder = tmp_path_factory.mktemp("tiny_sd3")
-    pipe.save_pretrained(folder, safe_serialization=True)
-    return folder, pipe
+def tiny_sd3_folder(tiny_folder):
+    """The tiny SD3.5 pipeline (two CLIPs, T5, 16-channel VAE) saved by diffusers, and the pipeline."""
+    return tiny_folder("sd3"), tiny_folder.pipeline("sd3")
 
 
 def test_loaded_sd3_matches_the_diffusers_pipeline(tiny_sd3_folder):
     folder, pipe = tiny_sd3_folder
     policy = load_policy(folder)
-    assert policy.family.name == "sd3" and policy.latent_shape == (4, 8, 8) and policy.scheduler["shift"] == 3.0
+    assert policy.family.name == "sd3" and policy.latent_shape == (16, 8, 8) and policy.scheduler["shift"] == 3.0
     seeds = candidate_seeds(0, 0, 0, len(PROMPTS))
     noise = initial_noise(seeds, policy.latent_shape)
 

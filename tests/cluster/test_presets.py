@@ -1,0 +1,46 @@
+"""The paper presets: each validates, carries the official hyperparameters, and needs only its model path."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cluster.config import ConfigError, load_config
+from cluster.preflight import check_inputs
+from diffusion.prompts import load_prompts
+
+# preset → (model family, resolution, solver, trained-timestep fraction, grad clip, evaluation steps)
+PRESETS = {
+    "sd35_large": ("sd3", 1024, "dpm2", 0.6, 0.002, 40),
+    "sd35_medium": ("sd3", 512, "dpm2", 0.6, 1.0, 40),
+    "flux_dev": ("flux", 512, "dpm2", 0.4, 1.0, 28),
+    "sana_1600m": ("sana", 1024, "euler", 0.6, 1.0, 40),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_carries_the_official_hyperparameters(name):
+    _, resolution, solver, fraction, clip, eval_steps = PRESETS[name]
+    c = load_config(f"configs/{name}.yaml")
+    assert (c.prompts.per_iteration, c.prompts.candidates, c.prompts.keep) == (48, 96, 24)
+    assert (c.explore.steps, c.sampler.steps) == (6, 10)
+    assert c.sampler.solver == c.explore.solver == solver  # the official solver in both stages
+    assert c.learner.algorithm == "sol_rl" and c.learner.timestep_fraction == fraction
+    assert (c.training.lr, c.training.grad_clip, c.training.lora_rank, c.training.lora_alpha) == (3e-4, clip, 32, 64)
+    assert c.training.lora_targets is None and c.explore.skip is None and c.explore.min_dim is None  # the family's
+    assert (c.eval.steps, c.training.ema, c.model.dtype, c.model.resolution) == (eval_steps, True, "bfloat16",
+                                                                              resolution)
+    assert c.explore.precision == "nvfp4" and c.learner.decay.type == 1 and c.learner.nft.beta == 1.0
+    # one 8-GPU node: a learner and seven explorers, one GPU each
+    gpus = c.cluster.learner.num_gpus + c.cluster.explorers.count * c.cluster.explorers.num_gpus
+    assert gpus == 8 and c.cluster.placement_strategy == "PACK"
+    assert len(load_prompts(c.prompts.source)) >= c.prompts.per_iteration
+    assert len(load_prompts(c.prompts.eval_source, heldout=True)) >= c.eval.prompts
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_the_model_path_is_the_only_line_to_change(name, tmp_path):
+    config = load_config(f"configs/{name}.yaml")
+    with pytest.raises(ConfigError, match=rf"^model\.path: {re.escape(config.model.path)} does not exist"):
+        check_inputs(config)
