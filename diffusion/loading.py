@@ -244,6 +244,9 @@ def check_model_folder(path: str | os.PathLike) -> None:
             raise ValueError(f"{where}: {exc}") from None
         if not family.supported:
             raise NotImplementedError(f"{where}: model family {family.name!r} is not supported yet: {family.note}")
+    if config_class != components["transformer"][1]:
+        raise ValueError(f"{transformer_config} names {config_class} but {index_file} names "
+                         f"{components['transformer'][1]}; the folder mixes two models: restore one of them")
 
     _read_json(folder / "scheduler" / "scheduler_config.json", "the scheduler config gives the time shift")
 

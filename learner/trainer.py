@@ -33,7 +33,8 @@ from diffusion.prompts import load_prompts
 from learner.algorithms import ALGORITHMS
 from learner.checkpoint import check_finite, load_checkpoint, save_checkpoint, write_safetensors
 from learner.config import TrainerConfig
-from learner.evaluation import evaluate, evaluated_weights, sample_grid
+from learner.evaluation import evaluate, sample_grid
+from learner.export import LORA_DIR, TRANSFORMER_DIR, merged_weights, save_lora, save_transformer
 from learner.rollouts import (
     Generated,
     Group,
@@ -51,6 +52,7 @@ from learner.updates import OBJECTIVES, UpdateContext
 from rewards import build_reward_from_config
 
 BASE_EVAL_FILE = "base_eval.json"
+SAMPLING_FILE = "sampling_transformer.safetensors"  # θ_old, the policy the explorers held last
 
 
 def prompts_for(prompts: list[str], run_seed: int, iteration: int, count: int) -> list[str]:
@@ -278,22 +280,24 @@ class Trainer:
         self.base_eval = json.loads(base.read_text()) if base.is_file() else {}
 
     def save_final(self, folder: Path) -> dict[str, str]:
-        """θ as evaluated (its EMA when kept; transformer.safetensors) and the sampling policy θ_old
-        (sampling_transformer.safetensors), merged into plain transformer keys, with the run's config as
-        JSON. The files' metadata ({"iteration", "policy_version"}, `learner.checkpoint.safetensors_metadata`)
-        is written so that equal weights give equal bytes. Raises `learner.checkpoint.NonFiniteWeights`,
-        writing nothing, when either holds NaN or ±inf."""
-        weights = {"transformer.safetensors": evaluated_weights(self.state),
-                   "sampling_transformer.safetensors": self.state.merged_weights("old")}
-        for name, tensors in weights.items():
-            check_finite(tensors, f"save_final: refusing to write non-finite weights to {folder / name}")
+        """What the run leaves for diffusers users (`learner.export`): `transformer/` (θ as evaluated —
+        its EMA when kept — merged, loadable with the family's `from_pretrained`), `lora/` (that policy's
+        adapter in diffusers' format, LoRA runs), `sampling_transformer.safetensors` (θ_old), `run.json`
+        (iteration, policy version) and the run's `config.json`. Raises
+        `learner.checkpoint.NonFiniteWeights`, writing nothing, when a weight is NaN or ±inf."""
+        evaluated, old = merged_weights(self.state, "ema"), self.state.merged_weights("old")
+        check_finite(evaluated, f"save_final: refusing to write non-finite weights to {folder / TRANSFORMER_DIR}")
+        check_finite(old, f"save_final: refusing to write non-finite weights to {folder / SAMPLING_FILE}")
         folder.mkdir(parents=True, exist_ok=True)
-        for name, tensors in weights.items():
-            write_safetensors(folder / name, tensors, {"iteration": self.iteration, "policy_version": self.version})
+        files = {"transformer": str(save_transformer(self.state, evaluated, folder / TRANSFORMER_DIR))}
+        if self.state.mode == "lora":
+            files["lora"] = str(save_lora(self.state, "ema", self.config.model.folder(), folder / LORA_DIR))
+        write_safetensors(folder / SAMPLING_FILE, old, {"iteration": self.iteration, "policy_version": self.version})
+        files["sampling"] = str(folder / SAMPLING_FILE)
+        (folder / "run.json").write_text(json.dumps({"iteration": self.iteration, "policy_version": self.version,
+                                                     "policy": "ema" if self.state.ema else "theta"}) + "\n")
         (folder / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
-        return {"theta": str(folder / "transformer.safetensors"),
-                "old": str(folder / "sampling_transformer.safetensors")}
-
+        return files
 
 def rank_fidelity(groups: list[Group]) -> dict[str, float]:
     """Spearman ρ of proxy vs true rewards on the kept seeds, and how often the proxy put a seed on the

@@ -48,7 +48,7 @@ class SanaFamily(Family):
 
     Latents: DC-AE downsamples by 2^(len(encoder_block_out_channels) − 1) (the pipeline's
     `vae_scale_factor`, 32 without a VAE); decode is `vae.decode(x / scaling_factor)` (no shift
-    factor) then the image processor's `x / 2 + 0.5` clamped to [0, 1].
+    factor) then the image processor's `y · 0.5 + 0.5` clamped to [0, 1].
     """
 
     max_sequence_length: int = 300  # SanaPipeline.__call__'s default
@@ -58,15 +58,16 @@ class SanaFamily(Family):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """`_get_gemma_prompt_embeds` after the CHI: Gemma-2's last hidden state and the attention mask."""
         tokenizer, encoder = components["tokenizer"], components["text_encoder"]
-        # Gemma's tokenizer pads on the left; the pipeline sets right padding before every encode.
-        tokenizer.padding_side = "right"
+        # Gemma's tokenizer pads on the left; the pipeline sets right padding before every encode
+        # (here per call, leaving the shared tokenizer as loaded).
         inputs = tokenizer(texts, padding="max_length", max_length=max_length, truncation=True,
-                           add_special_tokens=True, return_tensors="pt")
+                           add_special_tokens=True, padding_side="right", return_tensors="pt")
         mask = inputs.attention_mask.to(encoder.device)
         embeds = encoder(inputs.input_ids.to(encoder.device), attention_mask=mask)[0]
         return embeds.to(dtype=encoder.dtype), mask
 
     def _encode_group(self, components: Mapping[str, nn.Module], prompts: list[str], chi: bool) -> Conditioning:
+        """`encode_prompt` for prompts that all take the CHI (`chi`) or all do not (the negative prompt)."""
         texts = [p.lower().strip() for p in prompts]  # _text_preprocessing with clean_caption=False
         length = self.max_sequence_length
         if not chi:  # max_sequence_length tokens, where the cut below keeps every position
@@ -111,6 +112,17 @@ class SanaFamily(Family):
             v = v.chunk(2, dim=1)[0]
         return v
 
+    def sigmas(self, steps: int, scheduler: Mapping[str, Any], latent_shape: tuple[int, int, int],
+               shift: float | None = None) -> torch.Tensor:
+        """The FlowMatchEuler grid (`Family.sigmas`; what SanaPipeline walks with a
+        `FlowMatchEulerDiscreteScheduler`, and the official Sol-RL SANA recipe's Euler on flow σ).
+        The shift is `shift`, else the scheduler's `shift`, else its `flow_shift`: the diffusers SANA
+        releases ship a `DPMSolverMultistepScheduler(use_flow_sigmas=True, flow_shift=...)`, whose own
+        grid is not used (the samplers here are Euler and DPM on this grid)."""
+        if shift is None and "shift" not in scheduler:
+            shift = float(scheduler.get("flow_shift", 1.0))
+        return super().sigmas(steps, scheduler, latent_shape, shift)
+
     def vae_scale(self, components: Mapping[str, Any]) -> int:
         """DC-AE: 2^(len(encoder_block_out_channels) − 1) (`SanaPipeline.vae_scale_factor`; 32 without a VAE)."""
         vae = components.get("vae")
@@ -118,10 +130,10 @@ class SanaFamily(Family):
 
     def decode(self, components: Mapping[str, Any], latents: torch.Tensor) -> torch.Tensor:
         """Images in [0, 1]: `vae.decode(x / scaling_factor)` (DC-AE has no shift factor), then
-        `PixArtImageProcessor.postprocess`'s denormalisation `(y / 2 + 0.5).clamp(0, 1)`."""
+        `PixArtImageProcessor.postprocess`'s denormalisation `(y · 0.5 + 0.5).clamp(0, 1)`."""
         vae = components["vae"]
         images = vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor, return_dict=False)[0]
-        return (images.float() / 2 + 0.5).clamp_(0.0, 1.0)
+        return (images.float() * 0.5 + 0.5).clamp_(0.0, 1.0)
 
 
 SANA = SanaFamily(

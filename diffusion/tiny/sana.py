@@ -5,6 +5,9 @@ its dummy components (`tests/pipelines/sana/test_sana.py`, `get_dummy_components
 `SanaTransformer2DModel` (linear self-attention, masked cross-attention, GLUMBConv feed-forward with
 its 1×1 convolutions), a `Gemma2Model` text encoder, an `AutoencoderDC` and a
 `FlowMatchEulerDiscreteScheduler` (the official Sol-RL SANA recipe samples with Euler on flow σ).
+
+Call the pipeline with `use_resolution_binning=False`: its default bins the size to SANA's aspect-ratio
+tables, which exist only for transformer sample sizes 16, 32, 64 and 128 (512 to 4096 px).
 """
 
 from __future__ import annotations

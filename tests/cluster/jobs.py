@@ -15,7 +15,7 @@ from learner.trainer import Trainer
 
 def final_weights(job, folder) -> dict[str, torch.Tensor]:
     ray.get(job.learner.save_final.remote(str(folder)))
-    return load_file(str(folder / "transformer.safetensors"))
+    return load_file(str(folder / "transformer" / "diffusion_pytorch_model.safetensors"))
 
 
 def run_job(cfg, run_dir, **kwargs):

@@ -148,7 +148,7 @@ def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, refere
     assert [m["iteration"] for m in lines] == [0, 1]
     assert summary["iterations"] == 2 and "eval_reward" in summary["base_eval"]
     assert summary["base_eval"] == json.loads((run_dir / "base_eval.json").read_text())
-    assert summary["run_dir"] == str(run_dir) and os.path.isabs(summary["final"]["theta"])
+    assert summary["run_dir"] == str(run_dir) and os.path.isabs(summary["final"]["transformer"])
     launches = [json.loads(x) for x in (run_dir / "launches.jsonl").read_text().splitlines()]
     assert [(x["resume"], x["from_iteration"]) for x in launches] == [(False, 0), (True, 1)]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from jobs import assert_same, run_job, single_process
-from tiny import tiny_config
+from tiny import tiny_family_config
 
 from learner.evaluation import evaluated_weights
 from learner.trainer import Trainer
@@ -21,15 +21,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("no_leftover_actors")]
 FAMILIES = ["sd3", "flux", "sana"]
 
 
-def family_config(folder, *extra: str, ray: bool = True):
-    return tiny_config(f"model.path={folder}", "prompts.source=configs/prompts/train.txt",
-                       "prompts.eval_source=configs/prompts/heldout.txt", "reward.weights={jpeg_compressibility: 1.0}",
-                       "explore.min_dim=0", *extra, ray=ray)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_two_explorers_give_the_single_process_weights(family, tiny_folder, local_ray, tmp_path):
-    cfg = family_config(tiny_folder(family), "cluster.explorers.count=2")
+    cfg = tiny_family_config(tiny_folder(family), "cluster.explorers.count=2", ray=True)
     weights, history = run_job(cfg, tmp_path / family)
     assert len(history) == cfg.run.iterations and not any(m.get("skipped") for m in history)
     assert_same(weights, single_process(cfg))
@@ -37,7 +31,7 @@ def test_two_explorers_give_the_single_process_weights(family, tiny_folder, loca
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_checkpointed_run_resumes_bitwise(family, tiny_folder, tmp_path):
-    cfg = family_config(tiny_folder(family), "run.iterations=2", ray=False)
+    cfg = tiny_family_config(tiny_folder(family), "run.iterations=2")
     straight = Trainer(cfg, tmp_path / "a")
     straight.run(log=lambda _: None)
     first = Trainer(cfg, tmp_path / "b")

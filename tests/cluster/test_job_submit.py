@@ -120,9 +120,10 @@ def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, t
     assert "succeeded" in output.lower(), output[-4000:]
     assert output.count(f"run directory: {run_dir}") == 2  # at the start and at the end
     for name in ("config.yaml", "launches.jsonl", "metrics.jsonl", "summary.json", "samples.png", "reward_curve.png",
-                 "final/transformer.safetensors", "final/sampling_transformer.safetensors", "checkpoint/meta.json"):
+                 "final/transformer/diffusion_pytorch_model.safetensors", "final/lora/pytorch_lora_weights.safetensors",
+                 "final/sampling_transformer.safetensors", "checkpoint/meta.json"):
         assert (run_dir / name).is_file(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["iterations"] == 2 and "eval_reward" in summary["last_eval"]
-    assert summary["run_dir"] == str(run_dir) and summary["final"]["theta"] == str(run_dir / "final" /
-                                                                                   "transformer.safetensors")
+    assert summary["run_dir"] == str(run_dir) and summary["final"]["transformer"] == str(run_dir / "final" /
+                                                                                         "transformer")

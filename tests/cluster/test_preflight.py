@@ -140,12 +140,12 @@ BROKEN_MODELS = {
                                                       transformer=["diffusers", "SD4Transformer2DModel"]),
                                   r"\S+/model_index\.json: no model family for transformer class "
                                   r"'SD4Transformer2DModel'; known: SD3Transformer2DModel \(sd3\), .*"),
-    "unsupported family": (lambda m: edit_json(m / "transformer" / "config.json", _class_name="FluxTransformer2DModel"),
-                           r"\S+/transformer/config\.json: model family 'flux' is not supported yet: FLUX\.1 .*"),
+    "transformer classes disagree": (
+        lambda m: edit_json(m / "transformer" / "config.json", _class_name="FluxTransformer2DModel"),
+        r"\S+/transformer/config\.json names FluxTransformer2DModel but \S+/model_index\.json names "
+        r"SD3Transformer2DModel; the folder mixes two models: restore one of them"),
     "transformer config not JSON": (lambda m: (m / "transformer" / "config.json").write_text("{"),
                                     r"\S+/transformer/config\.json is not valid JSON \(.*\); the transformer's config"),
-    "dynamic shift": (lambda m: edit_json(m / "scheduler" / "scheduler_config.json", use_dynamic_shifting=True),
-                      r"\S+/scheduler_config\.json: resolution-dependent \(dynamic\) time shift is not supported yet"),
     "pickle only": (lambda m: (m / TRANSFORMER_WEIGHTS).rename(m / "transformer" / "diffusion_pytorch_model.bin"),
                     r"\S+/model/transformer has no \*\.safetensors weights \(only safetensors are loaded, never "
                     r"pickle files\); convert them with save_pretrained\(safe_serialization=True\)"),

@@ -40,7 +40,9 @@ def test_preset_carries_the_official_hyperparameters(name):
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
-def test_the_model_path_is_the_only_line_to_change(name, tmp_path):
+def test_the_model_path_is_the_only_line_to_change(name, tiny_folder):
     config = load_config(f"configs/{name}.yaml")
     with pytest.raises(ConfigError, match=rf"^model\.path: {re.escape(config.model.path)} does not exist"):
         check_inputs(config)
+    family = PRESETS[name][0]
+    assert check_inputs(load_config(f"configs/{name}.yaml", [f"model.path={tiny_folder(family)}"])) == []

@@ -319,13 +319,15 @@ def test_final_weights_are_deterministic_files(tmp_path, small_trainer):
     trainer.iteration, trainer.version = 3, 2
     for i in range(12):
         trainer.save_final(tmp_path / f"final{i}")
-    for name in ("transformer.safetensors", "sampling_transformer.safetensors"):
+    for name in ("transformer/diffusion_pytorch_model.safetensors", "sampling_transformer.safetensors"):
         reference = (tmp_path / "final0" / name).read_bytes()
         assert all((tmp_path / f"final{i}" / name).read_bytes() == reference for i in range(12)), name
-        assert safetensors_metadata(tmp_path / "final0" / name) == {"iteration": 3, "policy_version": 2}
-        subprocess.run([sys.executable, "-c", WRITE_IN_CHILD, str(tmp_path / "final0" / name),
-                        str(tmp_path / f"child_{name}")], check=True, cwd=REPO)
-        assert (tmp_path / f"child_{name}").read_bytes() == reference
+    assert json.loads((tmp_path / "final0" / "run.json").read_text())["policy_version"] == 2
+    name = "sampling_transformer.safetensors"
+    assert safetensors_metadata(tmp_path / "final0" / name) == {"iteration": 3, "policy_version": 2}
+    subprocess.run([sys.executable, "-c", WRITE_IN_CHILD, str(tmp_path / "final0" / name),
+                    str(tmp_path / f"child_{name}")], check=True, cwd=REPO)
+    assert (tmp_path / f"child_{name}").read_bytes() == reference
 
 
 def test_publish_and_save_final_refuse_non_finite_weights(tmp_path, small_trainer):
@@ -340,7 +342,7 @@ def test_publish_and_save_final_refuse_non_finite_weights(tmp_path, small_traine
     with pytest.raises(NonFiniteWeights) as info:
         trainer.save_final(tmp_path / "final")
     assert str(info.value) == (f"save_final: refusing to write non-finite weights to "
-                               f"{tmp_path / 'final' / 'transformer.safetensors'}: "
+                               f"{tmp_path / 'final' / 'transformer'}: "
                                f"{in_features} non-finite values in '{layer}.weight'")
     assert not (tmp_path / "final").exists()
 
@@ -405,7 +407,7 @@ def test_resumed_run_draws_the_same_grid_bytes(tmp_path, small_trainer):
     assert grids[0] == grids[1]
     for n, t in (("straight", straight), ("resumed", resumed)):
         t.save_final(tmp_path / n / "final")
-    for name in ("transformer.safetensors", "sampling_transformer.safetensors"):
+    for name in ("transformer/diffusion_pytorch_model.safetensors", "sampling_transformer.safetensors"):
         assert (tmp_path / "straight" / "final" / name).read_bytes() == (tmp_path / "resumed" / "final" / name
                                                                          ).read_bytes()
     # the reward curve of the whole run, from the resumed run's log, is the straight run's picture
