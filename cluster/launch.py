@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from cluster.check import format_rows, run_checks
 from cluster.config import ConfigError, SolRLConfig, load_config
 from cluster.local_ray import LocalRay, reap_orphans
 from cluster.preflight import check_inputs
@@ -194,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     if plan.complete:
         return 0
     config, run_dir = plan.config, plan.run_dir
+    rows = run_checks(config)  # the preflight of `python -m cluster.check`: backend, layer plan, memory
+    print(format_rows(rows))
+    if any(row.ok is False for row in rows):
+        print("error: a check failed (above); nothing was started", file=sys.stderr)
+        return 2
     run_dir.mkdir(parents=True, exist_ok=True)
 
     from cluster import driver

@@ -25,6 +25,11 @@ class ModelConfig(BaseModel):
     resolution: int | None = Field(None, gt=0, description="pixels; None takes the transformer's sample size")
     guidance: float | None = Field(None, gt=0, description="distilled guidance of families that take it (FLUX); "
                                    "None: the family's default")
+    offload_text_encoders: bool = Field(False, description="keep the text encoders on the CPU and move them "
+                                        "to the model's device only while encoding new prompts (embeddings "
+                                        "are cached per prompt); saves their memory on the GPU")
+    sequential_decode: bool = Field(False, description="decode one latent at a time (bounds the VAE's "
+                                    "activation memory at high resolution; the official Sol-RL option)")
 
     def folder(self) -> Path:
         return EMBEDDED_MODEL if self.path == "embedded" else Path(self.path)
@@ -50,6 +55,8 @@ class ExploreConfig(BaseModel):
     solver: Solver | None = Field(None, description="None: the sampler's solver (the paper explores with the "
                                   "solver it regenerates with)")
     steps: int = Field(6, ge=1)
+    batch_size: int | None = Field(None, ge=1, description="candidates sampled per forward (None: a slot's N at "
+                                   "once); bounds an explorer's activation memory")
     min_dim: int | None = Field(None, ge=0, description="None takes the model family's minimum")
     skip: list[str] | None = Field(None, description="module patterns kept in high precision; None: family's")
 

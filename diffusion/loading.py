@@ -78,9 +78,12 @@ def load_policy(
     shift: float | None = None,
     resolution: int | None = None,
     guidance: float | None = None,
+    offload_text_encoders: bool = False,
+    sequential_decode: bool = False,
 ) -> FlowPolicy:
     """Load a model folder. `shift` overrides the scheduler's time shift; `resolution` (pixels) the
-    transformer's default sample size; `guidance` the family's distilled guidance value (FLUX)."""
+    transformer's default sample size; `guidance` the family's distilled guidance value (FLUX);
+    `offload_text_encoders` and `sequential_decode` are `FlowPolicy`'s memory options."""
     folder = Path(path)
     _require(folder, "the model folder does not exist")
     _require(folder / "model_index.json", "model_index.json names the folder's components")
@@ -114,11 +117,13 @@ def load_policy(
         dtype=dtype,
         shift=shift,
         guidance=guidance,
+        offload_text_encoders=offload_text_encoders,
+        sequential_decode=sequential_decode,
     )
 
 
 def load_policy_from_config(config: ModelConfig) -> FlowPolicy:
-    """load_policy with the config's folder, device and dtype (auto: bfloat16 on CUDA, else float32)."""
+    """load_policy with the config's folder, device, dtype (auto: bfloat16 on CUDA, else float32) and options."""
     device = _resolve_device(config.device)
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("model.device is 'cuda' but no CUDA device is visible: set model.device=auto or cpu")
@@ -127,7 +132,8 @@ def load_policy_from_config(config: ModelConfig) -> FlowPolicy:
     else:
         dtype = getattr(torch, config.dtype)
     return load_policy(config.folder(), device=device, dtype=dtype, shift=config.shift, resolution=config.resolution,
-                       guidance=config.guidance)
+                       guidance=config.guidance, offload_text_encoders=config.offload_text_encoders,
+                       sequential_decode=config.sequential_decode)
 
 
 # ---- checks without loading (run by the launcher before any actor starts) ---------------------------

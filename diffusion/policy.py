@@ -4,11 +4,19 @@ One class for every family; the family object supplies the model-specific parts.
 used for a forward can be swapped per call (`transformer=`), which is how the low-precision explore
 engine — a quantized copy of the same transformer — reuses the prompt cache, the noise and the
 samplers of the full-precision policy.
+
+Two memory options for high resolutions on one GPU, both off by default: `offload_text_encoders`
+keeps the text encoders on the CPU between prompt encodings (they only ever encode prompts that are
+not cached yet), and `sequential_decode` decodes one latent at a time (the official Sol-RL option of
+the same name, NVlabs/Sana `diffusion/post_training/diffusers_patch/pipeline_with_logprob.py`,
+`pipeline_with_logprob_sd3` and its FLUX and SANA versions), which bounds the VAE decoder's
+activations to one image's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -31,9 +39,13 @@ class FlowPolicy:
         dtype: torch.dtype,
         shift: float | None = None,
         guidance: float | None = None,
+        offload_text_encoders: bool = False,
+        sequential_decode: bool = False,
     ) -> None:
         """`scheduler`: the folder's scheduler config (the σ grid's shift); `shift` overrides its shift;
-        `guidance`: the distilled guidance value of families that take one (None: the family's default)."""
+        `guidance`: the distilled guidance value of families that take one (None: the family's default);
+        `offload_text_encoders`: the text encoders live on the CPU and visit `device` only while encoding;
+        `sequential_decode`: `decode` runs the VAE on one latent at a time."""
         self.family = family
         self.components = dict(components)
         self.transformer: nn.Module = self.components["transformer"]
@@ -45,6 +57,18 @@ class FlowPolicy:
         self.dtype = dtype
         self.guidance = family.default_guidance if guidance is None else guidance
         self._prompt_cache: dict[str, Conditioning] = {}
+        self.offload_text_encoders = offload_text_encoders
+        self.sequential_decode = sequential_decode
+        # The family's text encoders (its tokenizers are not modules and never move).
+        self.text_encoders: dict[str, nn.Module] = {
+            name: self.components[name] for name in family.text_components
+            if isinstance(self.components.get(name), nn.Module)
+        }
+        # Where the text encoders stay between encodings: the CPU when offloading, else the model's device.
+        self.text_encoder_home = torch.device("cpu") if offload_text_encoders else device
+        if offload_text_encoders:
+            for encoder in self.text_encoders.values():
+                encoder.to(self.text_encoder_home)
 
     # ---- prompts -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -54,15 +78,17 @@ class FlowPolicy:
         A prompt is encoded alone, on one CPU thread, so its encoding is a pure function of the prompt
         (a text encoder's output differs in the last bit between batch sizes and thread counts, and
         the sampling grids and resumed runs must not depend on which batch a prompt came first in).
+        With `offload_text_encoders` the encoders visit the device only when a prompt is missing.
         """
         missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
         if missing:
             threads = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                for prompt in missing:
-                    encoded = self.family.encode(self.components, [prompt])
-                    self._prompt_cache[prompt] = {k: v.clone() for k, v in encoded.items()}
+                with self._text_encoders_visiting():
+                    for prompt in missing:
+                        encoded = self.family.encode(self.components, [prompt])
+                        self._prompt_cache[prompt] = {k: v.clone() for k, v in encoded.items()}
             finally:
                 torch.set_num_threads(threads)
         keys = self._prompt_cache[prompts[0]].keys()
@@ -70,6 +96,21 @@ class FlowPolicy:
         if self.guidance is not None:
             cond["guidance"] = torch.full((len(prompts),), float(self.guidance), device=self.device)
         return cond
+
+    @contextlib.contextmanager
+    def _text_encoders_visiting(self) -> Iterator[None]:
+        """With `offload_text_encoders`: the text encoders on `device` for the block, back on
+        `text_encoder_home` (the CPU) after it, also when encoding fails. Otherwise nothing moves."""
+        if not self.offload_text_encoders:
+            yield
+            return
+        try:
+            for encoder in self.text_encoders.values():
+                encoder.to(self.device)
+            yield
+        finally:
+            for encoder in self.text_encoders.values():
+                encoder.to(self.text_encoder_home)
 
     # ---- model ---------------------------------------------------------------------------------
     def velocity(
@@ -145,5 +186,10 @@ class FlowPolicy:
     # ---- images --------------------------------------------------------------------------------
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Images in [0, 1], float32 [B, C, H, W] (`Family.decode`)."""
-        return self.family.decode(self.components, latents)
+        """Images in [0, 1], float32 [B, C, H, W] (`Family.decode`); with `sequential_decode`, one
+        latent at a time, concatenated on the batch axis (the official option: the VAE decoder's
+        activations at 1024 px dwarf the latents; images match the batched decode up to the kernels'
+        batch-size-dependent rounding)."""
+        if not self.sequential_decode or latents.shape[0] <= 1:
+            return self.family.decode(self.components, latents)
+        return torch.cat([self.family.decode(self.components, latents[i : i + 1]) for i in range(latents.shape[0])])

@@ -108,6 +108,9 @@ class TrainingConfig(BaseModel):
     grad_clip: float = Field(1.0, gt=0, description="max total grad L2 norm; inf disables clipping")
     ema: bool = Field(True, description="keep an EMA of θ and evaluate it (the official config.train.ema)")
     ema_decay: float = Field(0.9, ge=0, lt=1, description="the EMA's decay cap: min((1+s)/(10+s), ema_decay)")
+    gradient_checkpointing: bool = Field(False, description="recompute the trained transformer's block "
+                                         "activations in the backward pass (diffusers' "
+                                         "enable_gradient_checkpointing): less memory, about one more forward")
 
 
 class LearnerConfig(BaseModel):

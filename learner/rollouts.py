@@ -34,6 +34,7 @@ class Sampling:
     steps: int
     solver: Solver
     cfg_scale: float = 1.0
+    batch_size: int | None = None  # samples per forward; None: all at once (results do not depend on it)
 
 
 def regeneration_sampling(config: TrainerConfig) -> Sampling:
@@ -43,7 +44,8 @@ def regeneration_sampling(config: TrainerConfig) -> Sampling:
 
 def exploration_sampling(config: TrainerConfig) -> Sampling:
     """The explorers' ranking pass: the explore steps, the explore solver (the sampler's by default)."""
-    return Sampling(config.explore.steps, config.explore.solver or config.sampler.solver, config.sampler.cfg_scale)
+    return Sampling(config.explore.steps, config.explore.solver or config.sampler.solver, config.sampler.cfg_scale,
+                    config.explore.batch_size)
 
 
 def evaluation_sampling(config: TrainerConfig) -> Sampling:
@@ -114,7 +116,8 @@ def generate(
     start = time.perf_counter()
     prompts = [prompts] * len(seeds) if isinstance(prompts, str) else list(prompts)
     result = policy.sample(prompts, list(seeds), steps=sampling.steps, solver=sampling.solver,
-                           cfg_scale=sampling.cfg_scale, transformer=transformer, return_states=return_states)
+                           cfg_scale=sampling.cfg_scale, transformer=transformer, return_states=return_states,
+                           batch_size=sampling.batch_size)
     rewards, details, images = None, {}, None
     if reward is not None or return_images:
         images = policy.decode(result.x0)

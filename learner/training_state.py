@@ -13,6 +13,12 @@ regularises towards the reference (the base model). `TrainingState` owns the thr
 Use a view with ``with state.use("theta" | "old" | "reference") as model:`` and pass `model` to
 `FlowPolicy.velocity(..., transformer=model)`. "old" and "reference" blocks run under
 `torch.no_grad()` (set by the context manager), so their forwards never build a graph.
+
+With `config.gradient_checkpointing` the trained transformer (the LoRA-carrying one, or θ in full
+mode) runs diffusers' gradient checkpointing: its blocks keep only their inputs and recompute the
+rest in the backward pass. In LoRA mode the recomputation runs whatever view is active at backward
+time, so a loss built under "theta" must be backpropagated under "theta" (`nft_update`/`art_update`
+do so inside their `use("theta")` block; `step(loss)` refuses another view).
 """
 
 from __future__ import annotations
@@ -78,6 +84,8 @@ class TrainingState:
             self._init_lora(seed)
         else:
             self._init_full()
+        if self.config.gradient_checkpointing:
+            self._enable_gradient_checkpointing()
         self.ema = ParameterEMA(self._theta, self.config.ema_decay) if self.config.ema else None
         self.optimizer = torch.optim.AdamW(
             list(self._theta.values()),
@@ -167,6 +175,19 @@ class TrainingState:
         self._theta = dict(transformer.named_parameters())
         self._old = dict(self.old_model.named_parameters())
 
+    def _enable_gradient_checkpointing(self) -> None:
+        """diffusers' `ModelMixin.enable_gradient_checkpointing` on the trained transformer only (θ_old
+        and the reference run under no_grad, where diffusers skips checkpointing anyway). Its default
+        checkpoint function is non-reentrant, which gives the LoRA parameters gradients although the
+        blocks' inputs do not require grad."""
+        transformer = self.transformer
+        if not getattr(transformer, "_supports_gradient_checkpointing", False) or not hasattr(
+            transformer, "enable_gradient_checkpointing"
+        ):
+            raise TypeError(f"{type(transformer).__name__} does not support gradient checkpointing (a diffusers "
+                            "model with _supports_gradient_checkpointing); set training.gradient_checkpointing=false")
+        transformer.enable_gradient_checkpointing()
+
     # ---- views ---------------------------------------------------------------------------------
     @property
     def view(self) -> str:
@@ -242,6 +263,10 @@ class TrainingState:
         (gradients are dropped) and counts in `skipped_steps`.
         """
         finite_loss = True
+        if loss is not None and self.config.gradient_checkpointing and self.mode == "lora" and self._view != "theta":
+            # The checkpointed blocks would be recomputed with this view's adapters: wrong gradients.
+            raise RuntimeError(f"backward under view {self._view!r} with gradient checkpointing: call step "
+                               "outside any `use` block or inside use('theta')")
         if loss is not None:
             finite_loss = bool(torch.isfinite(loss.detach()).all())
             loss.backward()

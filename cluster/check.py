@@ -1,0 +1,238 @@
+"""Preflight: is this run possible here, and what will it cost? Seconds, no weights loaded, no actor started.
+
+    python -m cluster.check --config configs/sd35_large.yaml [--set key.path=value ...]
+
+Checks, each a row of the printed table (exit 1 when any fails, 2 on a config error):
+
+- inputs: prompt files, reward options, the model folder (every missing or unreadable file named, with
+  the fix: `cluster.preflight.check_inputs`);
+- resources: the placement bundles (learner + explorers + scorers) against the Ray cluster's
+  (`cluster.address` / RAY_ADDRESS), or, for a private local Ray, against this machine's GPUs;
+- backend: the explore backend this hardware allows for the precision (TE FP4 on Blackwell, modelopt on
+  other CUDA GPUs, the project's on CPU);
+- plan: the engine's layer plan on the real architecture (built on the meta device from the folder's
+  transformer config): how many Linears / 1×1 convs and parameters run in low precision;
+- memory: an estimate per actor (formulas in `estimate_memory`).
+
+`python -m cluster.launch` runs the same checks before it starts anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from cluster.config import ConfigError, SolRLConfig, load_config, one_line
+from cluster.preflight import check_inputs
+
+GiB = 2**30
+# Text tokens the transformer attends to, by family (CLIP 77 + T5 at the family's length for SD3).
+TEXT_TOKENS = {"sd3": 77 + 128, "flux": 128, "sana": 300}
+
+
+@dataclass(frozen=True)
+class Row:
+    check: str
+    ok: bool | None  # None: a warning, printed but not a failure
+    detail: str
+
+
+# ---- the real architecture, without weights --------------------------------------------------------------
+def meta_transformer(folder: Path) -> nn.Module:
+    """The folder's transformer built on the meta device from its config: shapes only, no memory."""
+    import diffusers
+
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    cls = getattr(diffusers, config["_class_name"])
+    with torch.device("meta"):
+        return cls.from_config(config)
+
+
+def _shapes_only(folder: Path, model: nn.Module) -> dict[str, object]:
+    """What `Family.latent_shape` reads — the transformer and the VAE's config — without weights."""
+    components: dict[str, object] = {"transformer": model}
+    vae_config = folder / "vae" / "config.json"
+    if vae_config.is_file():
+        components["vae"] = SimpleNamespace(config=SimpleNamespace(**json.loads(vae_config.read_text())))
+    return components
+
+
+def stored_parameters(folder: Path) -> dict[str, int]:
+    """Parameters per component, read from its safetensors headers (nothing else is read)."""
+    counts: dict[str, int] = {}
+    for component in sorted(p for p in folder.iterdir() if p.is_dir()):
+        total = 0
+        for file in component.glob("*.safetensors"):
+            with file.open("rb") as handle:
+                header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+            total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+        if total:
+            counts[component.name] = total
+    return counts
+
+
+# ---- the rows --------------------------------------------------------------------------------------------
+def resources_row(config: SolRLConfig) -> Row:
+    c = config.cluster
+    need_gpus = c.learner.num_gpus + c.explorers.count * c.explorers.num_gpus + c.scorers.count * c.scorers.num_gpus
+    need_cpus = c.learner.num_cpus + c.explorers.count * c.explorers.num_cpus + c.scorers.count * c.scorers.num_cpus
+    address = c.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        import ray
+
+        ray.init(address=address, log_to_driver=False)
+        try:
+            have = ray.cluster_resources()
+        finally:
+            ray.shutdown()
+        have_gpus, have_cpus = have.get("GPU", 0.0), have.get("CPU", 0.0)
+        ok = have_gpus >= need_gpus and have_cpus >= need_cpus
+        return Row("resources", ok, f"bundles need {need_gpus:g} GPU, {need_cpus:g} CPU; the cluster at {address} has "
+                   f"{have_gpus:g} GPU, {have_cpus:g} CPU" + ("" if ok else ": add nodes or lower cluster.*.num_gpus"))
+    gpus = torch.cuda.device_count()
+    detail = f"bundles need {need_gpus:g} GPU, {need_cpus:g} CPU; a private local Ray on this machine ({gpus} GPU)"
+    if gpus >= need_gpus:
+        return Row("resources", True, detail)
+    # Not a failure: tests and demos run GPU-shaped plans on CPU machines on purpose.
+    return Row("resources", None, detail + "; logical GPUs stand in for the missing ones and the models run on "
+               "the CPU — for a real run submit to a GPU cluster (cluster.address or RAY_ADDRESS)")
+
+
+def backend_row(config: SolRLConfig) -> Row:
+    from diffusion.quant import resolve_backend
+
+    if config.explore.precision == "none":
+        return Row("backend", True, "explore precision none: a full-precision copy")
+    on_gpu = torch.cuda.is_available() and config.model.device != "cpu" and config.cluster.explorers.num_gpus > 0
+    device = torch.device("cuda" if on_gpu else "cpu")
+    try:
+        backend = resolve_backend(config.explore.backend, config.explore.precision, device)
+    except ValueError as exc:
+        return Row("backend", False, one_line(str(exc)))
+    where = torch.cuda.get_device_name() if on_gpu else "CPU"
+    return Row("backend", True, f"{config.explore.precision} on {backend} ({where})")
+
+
+def plan_row(config: SolRLConfig, model: nn.Module, family) -> Row:
+    from diffusion.quant import eligible_layers
+
+    quant = family.quant
+    layers = eligible_layers(model, skip=tuple(quant.skip if config.explore.skip is None else config.explore.skip),
+                             min_dim=quant.min_dim if config.explore.min_dim is None else config.explore.min_dim,
+                             conv1x1=quant.conv1x1)
+    chosen = [*layers.linears, *layers.convs]
+    linears = sum(type(m) is nn.Linear for m in model.modules())
+    low = sum(model.get_submodule(n).weight.numel() for n in chosen)
+    total = sum(p.numel() for p in model.parameters())
+    detail = (f"{len(layers.linears)} of {linears} Linears" + (f" and {len(layers.convs)} 1×1 convs" if layers.convs
+              else "") + f" in {config.explore.precision}: {low / 1e6:.1f} M of {total / 1e6:.1f} M transformer "
+              f"parameters ({low / max(total, 1):.0%})")
+    return Row("plan", bool(chosen) or config.explore.precision == "none", detail if chosen else
+               detail + "; nothing would run in low precision: lower explore.min_dim or shorten explore.skip")
+
+
+def estimate_memory(config: SolRLConfig, model: nn.Module, family, params: dict[str, int]) -> dict[str, float]:
+    """GiB per actor: weights, adapters and optimizer, activations. The formulas (estimates, not measurements):
+
+    weights      parameters × 2 bytes (bf16; 4 for float32); the learner's text encoders are not resident with
+                 model.offload_text_encoders; an explorer holds the policy's transformer and its engine's copy
+    LoRA         Σ r·(in + out) over the targeted Linears, fp32 (peft's adapter dtype): θ, θ_old, the EMA,
+                 θ's gradient and AdamW's two moments = 7 copies; full training: θ_old, the reference, the EMA
+                 and the gradient in the weights' dtype, the two moments in fp32
+    activations  per block ≈ 34·s·B·h bytes in 16 bits (Korthikanti et al. 2022, "Reducing Activation
+                 Recomputation in Large Transformer Models", without the attention-score term, which SDPA does
+                 not keep): s = image + text tokens, h = width, B = learner.micro_batch; with gradient
+                 checkpointing 2·s·B·h per block plus one block's 34·s·B·h; an explorer samples explore.batch_size
+                 candidates at once (default: all N) and keeps one block's working set, 34·s·n·h
+    """
+    dtype_bytes = 4 if config.model.dtype == "float32" else 2
+    cfg = model.config
+    width = cfg.num_attention_heads * cfg.attention_head_dim
+    blocks = cfg.num_layers + getattr(cfg, "num_single_layers", 0)
+    channels, h, w = family.latent_shape(_shapes_only(config.model.folder(), model), config.model.resolution)
+    # tokens per image: latent cells grouped by the patch size (and by FLUX's 2×2 packing, in in_channels)
+    image_tokens = h * w * channels // (cfg.in_channels * cfg.patch_size**2)
+    s = image_tokens + TEXT_TOKENS.get(family.name, 77)
+    transformer = params.get("transformer", sum(p.numel() for p in model.parameters()))
+    text = sum(n for name, n in params.items() if name.startswith("text_encoder"))
+    vae = params.get("vae", 0)
+    offload = getattr(config.model, "offload_text_encoders", False)
+    checkpointing = getattr(config.training, "gradient_checkpointing", False)
+    targets = tuple(config.training.lora_targets or family.lora_targets)
+    lora = sum(m.in_features * config.training.lora_rank + m.out_features * config.training.lora_rank
+               for name, m in model.named_modules() if type(m) is nn.Linear and any(name.endswith(t) for t in targets))
+    training = 7 * 4 * lora if config.training.mode == "lora" else transformer * (4 * dtype_bytes + 8)
+    batch = config.learner.micro_batch
+    per_block = 34 * s * batch * width
+    activations = (2 * s * batch * width * blocks + per_block) if checkpointing else per_block * blocks
+    learner = (transformer + (0 if offload else text) + vae) * dtype_bytes + training + activations * dtype_bytes / 2
+    at_once = min(config.prompts.candidates, config.explore.batch_size or config.prompts.candidates)
+    sampling = 34 * s * at_once * width  # one block's working set, the candidates sampled at once
+    explorer = (2 * transformer + text + vae) * dtype_bytes + sampling * dtype_bytes / 2
+    return {"learner": learner / GiB, "explorer": explorer / GiB, "learner_activations": activations / GiB,
+            "learner_training_state": training / GiB}
+
+
+def memory_row(config: SolRLConfig, model: nn.Module, family, params: dict[str, int]) -> Row:
+    m = estimate_memory(config, model, family, params)
+    at_once = min(config.prompts.candidates, config.explore.batch_size or config.prompts.candidates)
+    return Row("memory", True, f"≈ {m['learner']:.1f} GiB per learner (training state "
+               f"{m['learner_training_state']:.1f}, activations {m['learner_activations']:.1f} at micro-batch "
+               f"{config.learner.micro_batch}), ≈ {m['explorer']:.1f} GiB per explorer ("
+               f"{at_once} candidates at once); estimates, plus the reward model")
+
+
+def run_checks(config: SolRLConfig) -> list[Row]:
+    """Every row; the model-dependent ones only once the inputs check passes."""
+    from diffusion.families import family_for_transformer
+
+    try:
+        notes = check_inputs(config)
+    except ConfigError as exc:
+        return [Row("inputs", False, str(exc)), resources_row(config), backend_row(config)]
+    rows = [Row("inputs", True, "prompts, reward, model folder" + (f" ({'; '.join(notes)})" if notes else ""))]
+    rows += [resources_row(config), backend_row(config)]
+    folder = config.model.folder()
+    model = meta_transformer(folder)
+    family = family_for_transformer(type(model).__name__)
+    params = stored_parameters(folder)
+    rows += [plan_row(config, model, family), memory_row(config, model, family, params)]
+    return rows
+
+
+def format_rows(rows: list[Row]) -> str:
+    width = max(len(r.check) for r in rows)
+    status = {True: "ok  ", False: "FAIL", None: "warn"}
+    return "\n".join(f"{status[r.ok]}  {r.check:<{width}}  {r.detail}" for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/embedded.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.set)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rows = run_checks(config)
+    print(format_rows(rows))
+    failed = [r.check for r in rows if r.ok is False]
+    if failed:
+        print(f"\n{len(failed)} check(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""`python -m cluster.check`: every row on real folders, the exit codes, and what it names when a folder is
+incomplete."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from cluster.check import estimate_memory, main, meta_transformer, run_checks, stored_parameters
+from cluster.config import load_config
+from diffusion.config import EMBEDDED_MODEL
+from diffusion.families import family_for_transformer
+
+
+def rows_by_check(config) -> dict:
+    return {row.check: row for row in run_checks(config)}
+
+
+def test_the_embedded_preset_passes_every_check(capsys):
+    assert main(["--config", "configs/embedded.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ok  ") == 5
+    # the official rule on the embedded model: its 4 blocks' 2 FFN Linears, 131 k of 582 k parameters
+    assert "8 of 60 Linears in nvfp4: 0.1 M of 0.6 M transformer parameters (23%)" in out
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux", "sana"])
+def test_each_family_reports_its_layer_plan(family, tiny_folder):
+    rows = rows_by_check(load_config("configs/embedded.yaml", [f"model.path={tiny_folder(family)}",
+                                                               "prompts.source=configs/prompts/train.txt",
+                                                               "reward.weights={jpeg_compressibility: 1.0}",
+                                                               "explore.min_dim=0"]))
+    assert all(row.ok for row in rows.values()), rows
+    assert " in nvfp4: " in rows["plan"].detail
+    assert ("1×1 convs" in rows["plan"].detail) == (family == "sana")
+
+
+def test_an_incomplete_folder_is_named_and_fails(tiny_folder, tmp_path, capsys):
+    folder = shutil.copytree(tiny_folder("flux"), tmp_path / "flux")
+    shutil.rmtree(folder / "text_encoder_2")
+    code = main(["--set", f"model.path={folder}", "--set", "reward.weights={jpeg_compressibility: 1.0}"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "1 check(s) failed: inputs" in err
+    assert f"FAIL  inputs     model.path: {folder / 'text_encoder_2'} is missing: component 'text_encoder_2'" in out
+
+
+def test_a_preset_on_a_cpu_machine_warns_about_gpus_and_nothing_quantized_fails(tiny_folder, capsys):
+    code = main(["--config", "configs/flux_dev.yaml", "--set", f"model.path={tiny_folder('flux')}"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "warn  resources  bundles need 8 GPU, 64 CPU" in out
+    assert "FAIL  plan       0 of " in out and "nothing would run in low precision" in out  # tiny < min dim 1000
+
+
+def test_a_bad_config_is_exit_2(capsys):
+    assert main(["--set", "explore.precision=int3"]) == 2
+    assert "explore.precision" in capsys.readouterr().err
+
+
+def test_memory_estimate_follows_its_formulas():
+    config = load_config("configs/embedded.yaml")
+    model = meta_transformer(EMBEDDED_MODEL)
+    family = family_for_transformer(type(model).__name__)
+    params = stored_parameters(EMBEDDED_MODEL)
+    assert params["transformer"] == sum(t.numel() for t in model.state_dict().values())  # buffers too
+    plain = estimate_memory(config, model, family, params)
+    checkpointed = estimate_memory(load_config("configs/embedded.yaml", ["training.gradient_checkpointing=true"]),
+                                   model, family, params)
+    assert checkpointed["learner_activations"] < plain["learner_activations"] / 2
+    # LoRA: 7 fp32 copies of r·(in + out) over the family's 8 attention projections of each of the 4 blocks
+    lora = sum(32 * (64 + 64) for _ in range(4) for _ in range(8)) - 32 * (64 + 64)  # block 3 has no to_add_out
+    assert plain["learner_training_state"] * 2**30 == pytest.approx(7 * 4 * lora)
