@@ -13,7 +13,9 @@ import shutil
 import pytest
 import torch
 
+from diffusion.config import ExploreConfig
 from diffusion.embedded.model import build_text_encoder, build_tokenizer, build_transformer, save_model_folder
+from diffusion.explore import ExploreEngine
 from diffusion.families import SD3
 from diffusion.loading import load_policy
 from diffusion.noise import candidate_seeds, initial_noise
@@ -43,6 +45,23 @@ def test_loaded_sd3_matches_the_diffusers_pipeline(tiny_sd3_folder):
                   max_sequence_length=128, output_type="pt").images
     torch.testing.assert_close(policy.decode(ours), images, rtol=0, atol=1e-5)
     assert policy.decode(ours).shape == (2, 3, 16, 16)
+
+
+def test_the_tiny_sd35_folder_is_small_and_runs_dpm_and_the_nvfp4_engine(tiny_sd3_folder):
+    folder, _ = tiny_sd3_folder
+    assert sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) < 2_000_000
+    assert (folder / "text_encoder_3").is_dir() and (folder / "vae").is_dir()
+    policy = load_policy(folder)
+    seeds = candidate_seeds(0, 0, 2, 2)
+    full = policy.sample(PROMPTS, seeds, steps=4, solver="dpm2").x0
+    engine = ExploreEngine(policy, ExploreConfig(precision="nvfp4", min_dim=0))
+    assert engine.plan.linears and not any(s in n for n in engine.plan.linears for s in SD3.quant.skip)
+    low = policy.sample(PROMPTS, seeds, steps=4, solver="dpm2", transformer=engine.module).x0
+    images = policy.decode(low)
+    assert images.shape == (2, 3, 16, 16) and bool(torch.isfinite(images).all())
+    assert not torch.equal(low, full)
+    targets = {name for name, _ in policy.transformer.named_modules()}
+    assert all(any(n.endswith(t) for n in targets) for t in policy.family.lora_targets)
 
 
 def test_cfg_matches_the_pipeline_guidance(tiny_sd3_folder):

@@ -8,6 +8,8 @@ transformer weights and samples the same image as our sampler; `cluster.export` 
 
 from __future__ import annotations
 
+import shutil
+
 import diffusers
 import pytest
 import torch
@@ -38,6 +40,20 @@ def trained(request, tiny_folder, tmp_path_factory):
 
 def transformer_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in module.state_dict().items()}
+
+
+def test_the_run_resumes_bitwise_from_its_previous_checkpoint(trained, tmp_path):
+    """The run kept its last two checkpoints: a fresh trainer from the one of iteration 1, run to 2, ends
+    with the run's exact weights (EMA included)."""
+    _, _, run_dir, trainer = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    resumed = Trainer(trainer.config, copy)
+    resumed.resume(copy / "checkpoint.previous")
+    assert resumed.iteration == 1
+    resumed.run(log=lambda _: None)
+    a, b = merged_weights(trainer.state, "ema"), merged_weights(resumed.state, "ema")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_final_transformer_loads_with_the_family_class(trained):
