@@ -11,8 +11,8 @@ or SIGTERM) whose logical GPUs stand in for missing ones. Every input is checked
 a bad one is one line on stderr and exit code 2, and leaves no run directory. The run directory
 (absolute; inside a Ray job it must be given absolute or under `run.root`) gets the resolved
 config.yaml (written once the run has started) and launches.jsonl (every start and resume with its
-overrides), metrics.jsonl, checkpoints (the last two), the final weights in final/ (safetensors), a
-sample grid and a reward curve (PNG), and summary.json.
+overrides), metrics.jsonl, checkpoints (the last two), the final weights in final/ (a diffusers
+transformer folder, its LoRA), a sample grid and a reward curve (PNG), and summary.json.
 """
 
 from __future__ import annotations
