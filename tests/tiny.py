@@ -29,11 +29,16 @@ def tiny_config(*extra: str, ray: bool = False) -> SolRLConfig:
     return load_config("configs/embedded.yaml", tiny_sets(*extra, ray=ray))
 
 
-def tiny_family_config(folder, *extra: str, ray: bool = False) -> SolRLConfig:
+def tiny_family_sets(folder, *extra: str, ray: bool = True) -> list[str]:
     """The tiny scale on a family's tiny pipeline (`diffusion.tiny`) in latent space: 32 px images (FLUX's
     default would be the pipeline's 1024 px), prompt files, the JPEG-compressibility reward (the digit
     classifier only reads the embedded world), every layer eligible for the engine (the tiny layers are far
     below the real minimum sizes)."""
-    return tiny_config(f"model.path={folder}", "model.resolution=32", "prompts.source=configs/prompts/train.txt",
-                       "prompts.eval_source=configs/prompts/heldout.txt",
-                       "reward.weights={jpeg_compressibility: 1.0}", "explore.min_dim=0", *extra, ray=ray)
+    return tiny_sets(f"model.path={folder}", "model.resolution=32", "prompts.source=configs/prompts/train.txt",
+                     "prompts.eval_source=configs/prompts/heldout.txt", "reward.weights={jpeg_compressibility: 1.0}",
+                     "explore.min_dim=0", *extra, ray=ray)
+
+
+def tiny_family_config(folder, *extra: str, ray: bool = False) -> SolRLConfig:
+    """`tiny_family_sets` as a config."""
+    return load_config("configs/embedded.yaml", tiny_family_sets(folder, *extra, ray=ray))

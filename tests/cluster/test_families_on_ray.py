@@ -1,16 +1,25 @@
 """The whole job on each model family's tiny real pipeline, in latent space, on a real local Ray.
 
 For SD3.5, FLUX.1 and SANA folders (`diffusion.tiny`), with the JPEG-compressibility reward and a
-prompt file: two explorers give bitwise the single-process trainer's weights (one explorer does too on the
-embedded model, `test_cluster.py`; the explorer count changes only which actor ranks a slot, not what a
-family computes). Resumes per family: tests/learner/test_export.py.
+prompt file: `python -m cluster.launch` with one explorer runs each to the end, and one and two explorers
+give bitwise the single-process trainer's weights. Resumes per family: tests/learner/test_export.py.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from jobs import assert_same, run_job, single_process
-from tiny import tiny_family_config
+from safetensors.torch import load_file
+from tiny import tiny_family_config, tiny_family_sets
+
+from cluster.launch import IN_RAY_JOB
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("no_leftover_actors")]
 
@@ -23,3 +32,17 @@ def test_two_explorers_give_the_single_process_weights(family, tiny_folder, loca
     weights, history = run_job(cfg, tmp_path / family)
     assert len(history) == cfg.run.iterations and not any(m.get("skipped") for m in history)
     assert_same(weights, single_process(cfg))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_launcher_runs_each_family_to_the_end_with_one_explorer(family, tiny_folder, tmp_path):
+    folder, run_dir = tiny_folder(family), tmp_path / "run"
+    sets = tiny_family_sets(folder, "cluster.explorers.count=1")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", IN_RAY_JOB)}
+    run = subprocess.run([sys.executable, "-m", "cluster.launch", "--run-dir", str(run_dir),
+                          *[arg for item in sets for arg in ("--set", item)]], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert (run_dir / "final" / "lora" / "pytorch_lora_weights.safetensors").is_file()
+    weights = load_file(str(run_dir / "final" / "transformer" / "diffusion_pytorch_model.safetensors"))
+    assert_same(weights, single_process(tiny_family_config(folder, "cluster.explorers.count=1", ray=True)))
