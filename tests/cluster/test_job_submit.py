@@ -77,7 +77,7 @@ def ray_head():
         while "will now block" not in (Path(temp) / "head.log").read_text():
             assert head.poll() is None and time.time() < deadline, (Path(temp) / "head.log").read_text()[-3000:]
             time.sleep(1)
-        yield f"http://127.0.0.1:{ports[1]}", env
+        yield f"http://127.0.0.1:{ports[1]}", {**env, "SOLRL_TEST_GCS": f"127.0.0.1:{ports[0]}"}
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         deadline = time.time() + 8
@@ -106,6 +106,14 @@ def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, t
     refused = subprocess.run([RAY, "job", "list", "--address", address], env={**without_token, "HOME": str(tmp_path)},
                              timeout=120, capture_output=True, text=True)
     assert refused.returncode != 0 and "Authentication required" in refused.stdout + refused.stderr
+
+    # the preflight measures the placement against this cluster (2 CPUs, no GPU): the 8-GPU preset does not fit
+    check = subprocess.run([sys.executable, "-m", "cluster.check", "--config", "configs/flux_dev.yaml"],
+                           env={**env, "RAY_ADDRESS": env["SOLRL_TEST_GCS"]}, timeout=300, capture_output=True,
+                           text=True, cwd=REPO)
+    assert check.returncode == 1, (check.stdout + check.stderr)[-3000:]
+    assert (f"FAIL  resources  bundles need 8 GPU, 64 CPU; the cluster at {env['SOLRL_TEST_GCS']} has 0 GPU, 2 CPU: "
+            "add nodes or lower cluster.*.num_gpus") in check.stdout
 
     relative = submit(address, env, "--config", "configs/embedded.yaml", "--run-dir", "runs/lost")
     output = relative.stdout + relative.stderr
