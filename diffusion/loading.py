@@ -100,8 +100,11 @@ def load_policy(
         if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
             continue  # metadata, or a component saved as None
         component = _load_component(folder, name, spec[0], spec[1], dtype)
+        # With offload, text encoders stay where they were loaded (the CPU): never a peak on the device.
+        stays = offload_text_encoders and name in family.text_components
         if component is not None:
-            components[name] = component.to(target) if isinstance(component, nn.Module) else component
+            moves = isinstance(component, nn.Module) and not stays
+            components[name] = component.to(target) if moves else component
     if "transformer" not in components:
         raise ValueError(f"{folder}/model_index.json lists no transformer")
 
