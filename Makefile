@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first, alone: the CPU build on this machine's disk; nothing after may replace it.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	# ImageReward's BLIP definition only: its metadata pins timm 0.6 and pulls datasets and a CLIP
+	# from git, none of which the project uses (rewards/image_reward.py loads just the BLIP files).
+	$(PY) -m pip install -q --no-deps image-reward==1.5
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 

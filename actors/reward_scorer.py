@@ -22,8 +22,8 @@ class RewardScorer:
         torch.set_num_threads(threads)
         self.reward = build_reward_from_config(reward)
 
-    def score(self, images: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.reward.score_and_details(images, prompts)
+    def score(self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None):
+        return self.reward.score_and_details(images, prompts, metadata)
 
 
 class RemoteReward(Reward):
@@ -37,7 +37,7 @@ class RemoteReward(Reward):
         self.scorers = list(scorers)
         self._calls = 0
 
-    def _compute(self, images: torch.Tensor, prompts: Sequence[str]):
+    def _compute(self, images: torch.Tensor, prompts: Sequence[str], metadata):
         scorer = self.scorers[self._calls % len(self.scorers)]
         self._calls += 1
-        return ray.get(scorer.score.remote(images.detach().cpu(), list(prompts)))
+        return ray.get(scorer.score.remote(images.detach().cpu(), list(prompts), list(metadata)))

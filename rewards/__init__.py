@@ -8,7 +8,16 @@
 Importing the package registers every reward below.
 """
 
-from rewards.base import Reward, build_reward, known_rewards, register_reward, validate_inputs
+from rewards.base import (
+    Metadata,
+    Reward,
+    WeightFile,
+    build_reward,
+    known_rewards,
+    register_reward,
+    require_files,
+    validate_inputs,
+)
 from rewards.combine import WeightedSum
 from rewards.config import RewardConfig, build_reward_from_config
 from rewards.digit_alignment import DigitAlignment
@@ -17,12 +26,15 @@ from rewards.jpeg_compressibility import JpegCompressibility
 __all__ = [
     "DigitAlignment",
     "JpegCompressibility",
+    "Metadata",
     "Reward",
     "RewardConfig",
+    "WeightFile",
     "WeightedSum",
     "build_reward",
     "build_reward_from_config",
     "known_rewards",
     "register_reward",
+    "require_files",
     "validate_inputs",
 ]

@@ -2,9 +2,11 @@
 
 A reward maps a batch of images and their prompts to one float32 score per image:
 
-    images:  float tensor [B, C, H, W] with values in [0, 1], C = 1 (grey) or 3 (RGB)
-    prompts: a sequence of B strings
-    →        float32 tensor [B] on the CPU (higher is better)
+    images:   float tensor [B, C, H, W] with values in [0, 1], C = 1 (grey) or 3 (RGB)
+    prompts:  a sequence of B strings
+    metadata: optional, B dicts of per-prompt metadata (a prompt set's JSONL fields, e.g.
+              GenEval's `include`/`exclude`); rewards that need none ignore it
+    →         float32 tensor [B] on the CPU (higher is better)
 
 Subclasses implement `_compute`, which returns the scores and a dict of extra per-sample
 diagnostics (each a float32 tensor [B]); the base class validates the inputs once, up front,
@@ -18,9 +20,13 @@ Rewards are registered under a name with `@register_reward("name")` and built wi
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
+
+Metadata = Mapping[str, Any]
 
 # Values may stray this far outside [0, 1] (decoding round-off) before inputs are rejected;
 # rewards clamp to [0, 1] before scoring.
@@ -70,16 +76,19 @@ class Reward(abc.ABC):
 
     @abc.abstractmethod
     def _compute(
-        self, images: torch.Tensor, prompts: Sequence[str]
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Scores [B] and per-sample diagnostics, for inputs that already passed `validate_inputs`."""
 
     def score_and_details(
-        self, images: torch.Tensor, prompts: Sequence[str]
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The rewards (float32 [B], CPU) and the diagnostics, computed once."""
         validate_inputs(images, prompts)
-        scores, details = self._compute(images, list(prompts))
+        metadata = [{} for _ in prompts] if metadata is None else list(metadata)
+        if len(metadata) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(metadata)} metadata entries: need one per prompt")
+        scores, details = self._compute(images, list(prompts), metadata)
         # clone(): plain tensors the caller may modify in place (not inference-mode tensors).
         scores = scores.detach().to(device="cpu", dtype=torch.float32).clone()
         if scores.shape != (images.shape[0],):
@@ -92,15 +101,48 @@ class Reward(abc.ABC):
         }
         return scores, details
 
-    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
-        return self.score_and_details(images, prompts)[0]
+    def __call__(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None
+    ) -> torch.Tensor:
+        return self.score_and_details(images, prompts, metadata)[0]
 
-    def details(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+    def details(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Extra per-sample diagnostics (name → float32 [B]), e.g. digit_alignment's `accuracy`."""
-        return self.score_and_details(images, prompts)[1]
+        return self.score_and_details(images, prompts, metadata)[1]
+
+    @classmethod
+    def required_files(cls, **options: Any) -> list[WeightFile]:
+        """The files this reward loads for these constructor options (none for weight-free rewards).
+
+        Checked before any work starts (`rewards.config.check_reward_files`) and again by the
+        constructor, so a missing file is named together with where it comes from.
+        """
+        return []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+class WeightFile(NamedTuple):
+    """A file a reward loads: where it must be, and where a user gets it (the official release)."""
+
+    path: Path
+    source: str
+
+
+def missing_files(files: Sequence[WeightFile]) -> list[WeightFile]:
+    return [file for file in files if not file.path.is_file()]
+
+
+def require_files(reward: str, files: Sequence[WeightFile]) -> None:
+    """FileNotFoundError naming every missing file of `reward` and where each comes from."""
+    missing = missing_files(files)
+    if missing:
+        lines = "\n".join(f"  {file.path}  (from {file.source})" for file in missing)
+        raise FileNotFoundError(f"reward {reward!r} is missing weight file(s):\n{lines}\n"
+                                f"place them there or point reward.options.{reward}.path at the folder that has them")
 
 
 _REGISTRY: dict[str, Callable[..., Reward]] = {}

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from rewards.base import Reward
+from rewards.base import Metadata, Reward
 
 
 class WeightedSum(Reward):
@@ -43,12 +43,12 @@ class WeightedSum(Reward):
         self.weights = {name: float(weights[name]) for name in self.rewards}
 
     def _compute(
-        self, images: torch.Tensor, prompts: Sequence[str]
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         total = torch.zeros(images.shape[0], dtype=torch.float32)
         details: dict[str, torch.Tensor] = {}
         for name, reward in self.rewards.items():
-            scores, component_details = reward.score_and_details(images, prompts)
+            scores, component_details = reward.score_and_details(images, prompts, metadata)
             total += self.weights[name] * scores
             details[name] = scores
             details.update({f"{name}/{key}": value for key, value in component_details.items()})

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from diffusion.embedded.data import digit_from_prompt
-from rewards.base import Reward, register_reward
+from rewards.base import Metadata, Reward, register_reward
 from rewards.digit_classifier import load_classifier
 
 
@@ -67,7 +67,7 @@ class DigitAlignment(Reward):
         return images
 
     def _compute(
-        self, images: torch.Tensor, prompts: Sequence[str]
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         digits = prompted_digits(prompts)
         if len(digits) == 0:

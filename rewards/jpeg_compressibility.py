@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from rewards.base import Reward, register_reward
+from rewards.base import Metadata, Reward, register_reward
 
 JPEG_QUALITY = 95
 KB_SCALE = 500.0
@@ -48,7 +48,7 @@ class JpegCompressibility(Reward):
         self.quality = quality
 
     def _compute(
-        self, images: torch.Tensor, prompts: Sequence[str]
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         sizes = [len(jpeg_bytes(image, self.quality)) for image in images]
         kilobytes = torch.tensor(sizes, dtype=torch.float64) / 1000.0

@@ -63,8 +63,8 @@ def nan_reward_once(learner) -> None:
         def __init__(self, inner):
             self.inner, self.armed = inner, True
 
-        def score_and_details(self, images, prompts):
-            rewards, details = self.inner.score_and_details(images, prompts)
+        def score_and_details(self, images, prompts, metadata=None):
+            rewards, details = self.inner.score_and_details(images, prompts, metadata)
             if self.armed:
                 self.armed = False
                 rewards = rewards.clone()

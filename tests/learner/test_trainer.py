@@ -69,7 +69,7 @@ class NaNReward(Reward):
 
     name = "nan_for_tests"
 
-    def _compute(self, images, prompts):
+    def _compute(self, images, prompts, metadata):
         return torch.full((images.shape[0],), float("nan")), {}
 
 
