@@ -22,6 +22,7 @@ from diffusion.config import ExploreConfig, ModelConfig
 from diffusion.explore import ExploreEngine
 from diffusion.loading import load_policy_from_config
 from diffusion.noise import candidate_seeds
+from diffusion.prompts import load_prompt_set
 from learner.rollouts import RankedGroup, Sampling, explore_group
 from rewards import build_reward_from_config
 from rewards.config import RewardConfig
@@ -31,11 +32,14 @@ from weight_sync.subscriber import WeightSubscriber
 class Explorer:
     def __init__(self, model: ModelConfig, explore: ExploreConfig, reward: RewardConfig, services: dict[str, Any],
                  *, sampling: Sampling, run_seed: int, candidates: int, threads: int = 1,
-                 scorers: list | None = None) -> None:
+                 scorers: list | None = None, prompt_source: str = "embedded") -> None:
         """`services`: node id → that node's WeightSyncService (this job's own); this explorer reads its
-        node's. `sampling`: the explore pass (`learner.rollouts.exploration_sampling`)."""
+        node's. `sampling`: the explore pass (`learner.rollouts.exploration_sampling`). `prompt_source`:
+        the training prompt set, loaded here too, so only prompt texts travel and the reward still gets
+        each prompt's metadata."""
         torch.set_num_threads(threads)
         self.sampling, self.run_seed, self.candidates = sampling, run_seed, candidates
+        self.prompt_set = load_prompt_set(prompt_source)
         self.policy = load_policy_from_config(model)
         self.engine = ExploreEngine(self.policy, explore)
         self.reward = RemoteReward(scorers) if scorers else build_reward_from_config(reward)
@@ -74,7 +78,7 @@ class Explorer:
         group = explore_group(
             self.policy, self.engine.module, self.reward, iteration=iteration, slot=slot, prompt=prompt,
             seeds=candidate_seeds(self.run_seed, iteration, slot, self.candidates), sampling=self.sampling,
-            policy_version=version,
+            policy_version=version, metadata=self.prompt_set.metadata_of(prompt)[0],
         )
         self.metrics.explored(group)
         return group

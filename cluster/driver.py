@@ -124,7 +124,7 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
             max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
         ).remote(config.model, config.explore, config.reward, services, sampling=exploration_sampling(config),
                  run_seed=config.run.seed, candidates=config.prompts.candidates, threads=c.explorers.threads,
-                 scorers=scorers or None)
+                 scorers=scorers or None, prompt_source=config.prompts.source)
         for i in range(c.explorers.count)
     ]
     return Job(learner, explorers, pg, services, scorers)

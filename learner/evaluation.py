@@ -13,6 +13,7 @@ import torch
 
 from diffusion.noise import eval_seeds, grid_seeds
 from diffusion.policy import FlowPolicy
+from diffusion.prompts import PromptSet
 from learner.rollouts import Sampling, generate
 from learner.training_state import TrainingState
 from rewards import Reward
@@ -20,12 +21,14 @@ from rewards import Reward
 
 @torch.no_grad()
 def evaluate(policy: FlowPolicy, state: TrainingState, reward: Reward, prompts: list[str], *, run_seed: int,
-             seeds_per_prompt: int, sampling: Sampling) -> dict[str, float]:
-    """Mean reward (and accuracy, when the reward reports one) over held-out prompts × fixed seeds."""
+             seeds_per_prompt: int, sampling: Sampling, prompt_set: PromptSet | None = None) -> dict[str, float]:
+    """Mean reward (and accuracy, when the reward reports one) over held-out prompts × fixed seeds;
+    `prompt_set`: the set the prompts come from, whose metadata the reward receives."""
     rewards, accuracy = [], []
     with state.evaluated() as model:
         for slot, prompt in enumerate(prompts):
-            out = generate(policy, model, reward, prompt, eval_seeds(run_seed, slot, seeds_per_prompt), sampling)
+            out = generate(policy, model, reward, prompt, eval_seeds(run_seed, slot, seeds_per_prompt), sampling,
+                           metadata=prompt_set.metadata_of(prompt) if prompt_set is not None else None)
             rewards.append(out.rewards)
             if "accuracy" in out.details:
                 accuracy.append(out.details["accuracy"])

@@ -12,7 +12,7 @@ reward) pairs; images never leave it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,7 @@ from torch import nn
 
 from diffusion.policy import FlowPolicy
 from diffusion.samplers import Solver
-from rewards import Reward
+from rewards import Metadata, Reward
 
 if TYPE_CHECKING:
     from learner.config import TrainerConfig
@@ -108,13 +108,21 @@ def generate(
     *,
     return_states: bool = False,
     return_images: bool = False,
+    metadata: Metadata | Sequence[Metadata] | None = None,
 ) -> Generated:
     """Sample one latent per seed (`prompts`: one per seed, or one for all), decode, score with `reward`.
+
+    `metadata`: the prompts' metadata for the reward (`diffusion.prompts.PromptSet.metadata_of`), one
+    dict per seed or one for all, like `prompts`.
 
     `transformer`: the module that predicts velocities (None: the policy's own); it runs in whatever
     numerics it owns (a low-precision engine enters its backend's context itself)."""
     start = time.perf_counter()
     prompts = [prompts] * len(seeds) if isinstance(prompts, str) else list(prompts)
+    if isinstance(metadata, Mapping):
+        metadata = [metadata] * len(seeds)
+    elif metadata is not None and len(metadata) == 1 and len(seeds) > 1:
+        metadata = list(metadata) * len(seeds)
     result = policy.sample(prompts, list(seeds), steps=sampling.steps, solver=sampling.solver,
                            cfg_scale=sampling.cfg_scale, transformer=transformer, return_states=return_states,
                            batch_size=sampling.batch_size)
@@ -123,9 +131,9 @@ def generate(
         images = policy.decode(result.x0)
     if reward is not None:
         if hasattr(reward, "score_and_details"):
-            rewards, details = reward.score_and_details(images, prompts)
+            rewards, details = reward.score_and_details(images, prompts, metadata)
         else:
-            rewards = reward(images, prompts)
+            rewards = reward(images, prompts, metadata)
         rewards = rewards.float()
     return Generated(list(seeds), result.x0, rewards, result.states, details,
                      images if return_images else None, time.perf_counter() - start)
@@ -142,7 +150,8 @@ def explore_group(
     seeds: Sequence[int],
     sampling: Sampling,
     policy_version: int,
+    metadata: Metadata | None = None,
 ) -> RankedGroup:
     """Sample every seed with the explore engine, score it, keep (seed, proxy reward)."""
-    out = generate(policy, engine, reward, prompt, seeds, sampling)
+    out = generate(policy, engine, reward, prompt, seeds, sampling, metadata=metadata)
     return RankedGroup(iteration, slot, prompt, list(seeds), out.rewards, policy_version, out.seconds)

@@ -29,7 +29,7 @@ from scipy.stats import spearmanr
 from diffusion.explore import ExploreEngine, explore_plan
 from diffusion.loading import load_policy_from_config
 from diffusion.noise import Stream, candidate_seeds, lora_init_seed, stream_generator
-from diffusion.prompts import load_prompts
+from diffusion.prompts import load_prompt_set
 from learner.algorithms import ALGORITHMS
 from learner.checkpoint import check_finite, load_checkpoint, save_checkpoint, write_safetensors
 from learner.config import TrainerConfig
@@ -83,8 +83,10 @@ class Trainer:
         self.regen_sampling = regeneration_sampling(config)
         self.explore_sampling = exploration_sampling(config)
         self.eval_sampling = evaluation_sampling(config)
-        self.prompts = load_prompts(config.prompts.source)
-        self.eval_prompts = load_prompts(config.prompts.eval_source, heldout=True)[: config.eval.prompts]
+        self.prompt_set = load_prompt_set(config.prompts.source)
+        self.eval_prompt_set = load_prompt_set(config.prompts.eval_source, heldout=True)
+        self.prompts = self.prompt_set.texts
+        self.eval_prompts = self.eval_prompt_set.texts[: config.eval.prompts]
         self.iteration = 0
         self.version = 0  # policy version: successful updates so far
         self.engine_version = 0 if self.engine is not None else None  # the engine starts as the base model
@@ -110,16 +112,18 @@ class Trainer:
         self.counters["lp_sample_steps" if low else "fp_sample_steps"] += len(seeds) * sampling.steps
         if low:
             return generate(self.policy, self._engine(), self.reward, prompt, seeds, sampling,
-                            return_states=return_states)
+                            return_states=return_states, metadata=self.prompt_set.metadata_of(prompt))
         with self.state.use("old") as model:
-            return generate(self.policy, model, self.reward, prompt, seeds, sampling, return_states=return_states)
+            return generate(self.policy, model, self.reward, prompt, seeds, sampling, return_states=return_states,
+                            metadata=self.prompt_set.metadata_of(prompt))
 
     def explore_ranked(self, iteration: int, slot: int, prompt: str) -> RankedGroup:
         """What an explorer actor returns for one slot, computed here (sol_rl without actors)."""
         self.counters["lp_sample_steps"] += self.config.prompts.candidates * self.explore_sampling.steps
         seeds = candidate_seeds(self.seed, iteration, slot, self.config.prompts.candidates)
         return explore_group(self.policy, self._engine(), self.reward, iteration=iteration, slot=slot,
-                             prompt=prompt, seeds=seeds, sampling=self.explore_sampling, policy_version=self.version)
+                             prompt=prompt, seeds=seeds, sampling=self.explore_sampling, policy_version=self.version,
+                             metadata=self.prompt_set.metadata_of(prompt)[0])
 
     def select(self, group: RankedGroup) -> torch.Tensor:
         generator = stream_generator(self.seed, group.iteration, Stream.SELECTION, group.slot)
@@ -130,7 +134,7 @@ class Trainer:
         self.counters["fp_sample_steps"] += len(seeds) * self.regen_sampling.steps
         with self.state.use("old") as model:
             return generate(self.policy, model, self.reward, prompt, seeds, self.regen_sampling,
-                            return_states=self.objective.needs_states)
+                            return_states=self.objective.needs_states, metadata=self.prompt_set.metadata_of(prompt))
 
     def rollout(self, iteration: int, slot: int, prompt: str, ranked: RankedGroup | None = None) -> Group:
         """One slot's K training samples, by the algorithm's record. `ranked` may come from an explorer."""
@@ -219,8 +223,9 @@ class Trainer:
     # ---- evaluation ------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts × fixed seeds, full precision, `eval.steps`, θ as evaluated (its EMA when kept)."""
-        return evaluate(self.policy, self.state, self.reward, self.eval_prompts, run_seed=self.seed,
-                        seeds_per_prompt=self.config.eval.seeds_per_prompt, sampling=self.eval_sampling)
+        return evaluate(self.policy, self.state, self.reward, self.eval_prompts, prompt_set=self.eval_prompt_set,
+                        run_seed=self.seed, seeds_per_prompt=self.config.eval.seeds_per_prompt,
+                        sampling=self.eval_sampling)
 
     def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
         """Held-out prompts × fixed seeds: images [P·S, C, H, W] (`learner.evaluation.sample_grid`)."""

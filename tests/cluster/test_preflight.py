@@ -60,8 +60,8 @@ def edit_json(file: Path, **changes) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (None, r"prompt file \S+ does not exist \(use 'embedded' or a text file, one per line\)"),
-        ("DIR", r"prompt file \S+ is a directory; name a text file, one prompt per line"),
+        (None, r"prompt file \S+ does not exist \(use 'embedded', a text file or a \.jsonl file\)"),
+        ("DIR", r"prompt file \S+ is a directory; name a text file \(one prompt a line\) or JSONL"),
         (b"", r"prompt file \S+ holds no prompts \(it is empty or only whitespace\); write one per line"),
         (b"  \n\t\n \n", r"prompt file \S+ holds no prompts \(it is empty or only whitespace\); write one per line"),
         (b"a digit one\n\xff\xfe two\n",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -106,3 +109,40 @@ def test_art_objective_runs_both_windows(small_trainer):
 def test_evaluation_is_deterministic(small_trainer):
     trainer = small_trainer()
     assert trainer.evaluate() == trainer.evaluate()
+
+
+@register_reward("metadata_echo_for_tests")
+class MetadataEcho(Reward):
+    """Scores each image with its prompt's metadata field `value`, and records what it was given."""
+
+    name = "metadata_echo_for_tests"
+    seen: ClassVar[list[tuple[str, dict]]] = []
+
+    def _compute(self, images, prompts, metadata):
+        MetadataEcho.seen.extend(zip(prompts, metadata, strict=True))
+        return torch.tensor([float(m["value"]) for m in metadata]), {}
+
+
+def test_each_prompts_jsonl_metadata_reaches_the_reward_in_every_phase(small_trainer, tmp_path):
+    from diffusion.embedded.data import heldout_prompts, train_prompts
+
+    values = {}
+    for name, texts in (("train", train_prompts()), ("heldout", heldout_prompts())):
+        lines = []
+        for i, text in enumerate(texts):
+            values[text] = 100 * (name == "heldout") + i
+            lines.append(json.dumps({"prompt": text, "value": values[text], "tag": name}))
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    trainer = small_trainer(f"prompts.source={tmp_path / 'train.jsonl'}",
+                            f"prompts.eval_source={tmp_path / 'heldout.jsonl'}",
+                            "reward.weights={metadata_echo_for_tests: 1.0}")
+    MetadataEcho.seen.clear()
+    metrics = trainer.train_iteration(0)
+    explored = len(MetadataEcho.seen)
+    assert explored > 0 and all(m == {"value": values[p], "tag": "train"} for p, m in MetadataEcho.seen)
+    # the rewards the update saw are the metadata values of the iteration's prompts, per slot
+    expected = torch.tensor([float(values[p]) for p in trainer.prompts_for(0)])
+    assert metrics["reward_mean"] == pytest.approx(float(expected.mean()))
+    trainer.evaluate()
+    held = MetadataEcho.seen[explored:]
+    assert held and all(m == {"value": values[p], "tag": "heldout"} for p, m in held)
