@@ -42,7 +42,7 @@ class Explorer:
         self.prompt_set = load_prompt_set(prompt_source)
         self.policy = load_policy_from_config(model)
         self.engine = ExploreEngine(self.policy, explore)
-        self.reward = RemoteReward(scorers) if scorers else build_reward_from_config(reward)
+        self.reward = RemoteReward(scorers, reward) if scorers else build_reward_from_config(reward)
         # The policy's own transformer stays the unmodified base (the engine is a copy): the lora codec
         # merges adapters into it without another copy of the model.
         base = self.policy.transformer.state_dict()

@@ -16,6 +16,7 @@ import ray
 import torch
 
 from actors.metrics import LearnerMetrics
+from actors.reward_scorer import RemoteReward
 from diffusion.explore import ExplorePlan
 from learner.rollouts import RankedGroup
 from learner.trainer import Trainer
@@ -31,10 +32,12 @@ def codec_for(plan: ExplorePlan, requested: str) -> str:
 
 class Learner:
     def __init__(self, config, run_dir: str | None, services: dict[str, Any], *, resume: bool | str = False,
-                 codec: str = "auto", threads: int = 1) -> None:
-        """`services`: node id → that node's WeightSyncService (this job's own)."""
+                 codec: str = "auto", threads: int = 1, scorers: list | None = None) -> None:
+        """`services`: node id → that node's WeightSyncService (this job's own); `scorers`: RewardScorer
+        actors that hold the reward models (None: the trainer loads them here)."""
         torch.set_num_threads(threads)
-        self.trainer = Trainer(config, run_dir, remote_explorers=True)
+        reward = RemoteReward(scorers, config.reward) if scorers else None
+        self.trainer = Trainer(config, run_dir, remote_explorers=True, reward=reward)
         self.codec = codec_for(self.trainer.explore_plan, codec)
         # The services pull snapshots from this actor (it runs with max_concurrency > 1) and so own them.
         self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.explore_plan.quantized_weights,

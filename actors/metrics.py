@@ -37,6 +37,10 @@ class LearnerMetrics:
         self.deaths = Counter("solrl_explorer_deaths", description="explorer deaths seen by the driver")
 
     def record(self, values: dict[str, Any]) -> None:
+        for key in values:  # each configured reward's component, named after it
+            if key.startswith("reward_") and key not in self.gauges:
+                self.gauges[key] = Gauge(f"solrl_{key}", description=f"mean {key[7:]} reward of the kept samples "
+                                         "(before weighting)")
         for key, gauge in self.gauges.items():
             value = values.get(key)
             if isinstance(value, int | float) and math.isfinite(value):

@@ -1,43 +1,115 @@
-"""RewardScorer actors: reward models that need a device of their own, shared by the explorers.
+"""RewardScorer actors: the reward models on devices of their own, serving explorers and the learner.
 
-Explorers normally score on their own device (co-located: images never leave it). A heavy reward
-model (a CLIP-H PickScore, a BLIP ImageReward) can instead run in `cluster.scorers.count` actors with
-their own GPUs; explorers then send decoded images to them (on the node, through the object store)
-and get back only the scores. `RemoteReward` makes such actors look like any other `Reward`.
+Without scorers every explorer and the learner load the configured rewards beside their diffusion
+model. With `cluster.scorers.count > 0` the reward models (a CLIP-H PickScore, a BLIP ImageReward…)
+live only in scorer actors, each loaded once per scorer; explorers and the learner send decoded
+images (float32 numpy through the object store, zero-copy on the node) and get back per-component
+scores. A scorer batches the requests of all its callers (`RequestBatcher`: up to `max_batch`
+images or `max_wait_ms`), scores every configured reward on the batch, and returns each caller its
+slice. The caller combines the components with the configured weights (`combine_components`), so
+the weighting is decided in one place, and each component stays visible in the diagnostics and the
+metrics (the learner's `solrl_reward_<name>`, a scorer's `solrl_scorer_reward_<name>`).
+
+A scorer holds no state but its models: when one dies, Ray restarts it (`max_restarts=-1`) and
+retries the call (`max_task_retries=-1`), and the restarted scorer scores the same images to the same
+values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import ray
 import torch
+from ray.util.metrics import Counter, Gauge
 
-from rewards import Reward, build_reward_from_config
-from rewards.config import RewardConfig
+from actors.request_batching import RequestBatcher
+from rewards import Metadata, Reward
+from rewards.combine import Scores, combine_components
+from rewards.config import RewardConfig, build_reward_components, is_single
+
+ScoreRequest = tuple[np.ndarray, list[str], list[dict[str, Any]]]
+ComponentScores = dict[str, Scores]
+
+
+def score_components(rewards: dict[str, Reward], requests: Sequence[ScoreRequest]) -> list[ComponentScores]:
+    """Score a batch of callers' requests with every reward, one model call per reward per image shape.
+
+    Rewards score each image independently of the others in its batch (each reward's tests check
+    batch-size invariance), so a caller's slice equals what scoring its images alone would give."""
+    results: list[ComponentScores] = [{} for _ in requests]
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, (images, _, _) in enumerate(requests):
+        by_shape.setdefault(tuple(images.shape[1:]), []).append(i)
+    for members in by_shape.values():
+        images = torch.from_numpy(np.concatenate([requests[i][0] for i in members]))
+        prompts = [p for i in members for p in requests[i][1]]
+        metadata = [m for i in members for m in requests[i][2]]
+        counts = [len(requests[i][1]) for i in members]
+        for name, reward in rewards.items():
+            scores, details = reward.score_and_details(images, prompts, metadata)
+            for part, i in enumerate(members):
+                start = sum(counts[:part])
+                window = slice(start, start + counts[part])
+                results[i][name] = (scores[window].clone(), {k: v[window].clone() for k, v in details.items()})
+    return results
 
 
 class RewardScorer:
-    def __init__(self, reward: RewardConfig, threads: int = 1) -> None:
-        torch.set_num_threads(threads)
-        self.reward = build_reward_from_config(reward)
+    """A Ray actor (async: it keeps accepting requests while a batch is scored)."""
 
-    def score(self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None):
-        return self.reward.score_and_details(images, prompts, metadata)
+    def __init__(self, reward: RewardConfig, *, max_batch: int = 64, max_wait_ms: float = 20.0,
+                 threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.rewards = build_reward_components(reward)  # the one model load of this scorer
+        self.batcher: RequestBatcher[ScoreRequest, ComponentScores] = RequestBatcher(
+            self._score_batch, max_items=max_batch, max_wait_s=max_wait_ms / 1000.0, size=lambda r: len(r[1]))
+        self.requests = Counter("solrl_scorer_requests", description="scoring requests served")
+        self.batch_images = Gauge("solrl_scorer_batch_images", description="images in the latest scored batch")
+        self.component_means = {name: Gauge(f"solrl_scorer_reward_{name}", description=f"mean {name} reward of "
+                                            "the latest scored batch (before weighting)") for name in self.rewards}
+
+    def _score_batch(self, requests: list[ScoreRequest]) -> list[ComponentScores]:
+        results = score_components(self.rewards, requests)
+        self.batch_images.set(float(sum(len(r[1]) for r in requests)))
+        for name, gauge in self.component_means.items():
+            values = torch.cat([result[name][0] for result in results])
+            if values.numel() and bool(torch.isfinite(values).all()):
+                gauge.set(float(values.mean()))
+        return results
+
+    async def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> ComponentScores:
+        """Each configured reward's (scores, diagnostics) for these images, scored in a shared batch."""
+        self.requests.inc()
+        return await self.batcher.submit((images, prompts, metadata))
+
+    def batch_sizes(self) -> list[int]:
+        """Images per batch scored so far by this process (it restarts empty)."""
+        return list(self.batcher.batch_sizes)
 
 
 class RemoteReward(Reward):
-    """A Reward computed by RewardScorer actors, round robin; inputs are validated before they travel."""
+    """The configured reward, scored by RewardScorer actors and combined here with the weights.
+
+    Calls go round robin over the scorers; every scorer holds the same models, so which one scores
+    a batch does not change its values. Inputs are validated before they travel."""
 
     name = "remote"
 
-    def __init__(self, scorers: Sequence[ray.actor.ActorHandle]) -> None:
+    def __init__(self, scorers: Sequence[ray.actor.ActorHandle], config: RewardConfig) -> None:
         if not scorers:
             raise ValueError("RemoteReward needs at least one RewardScorer actor")
         self.scorers = list(scorers)
+        self.config = config
         self._calls = 0
 
-    def _compute(self, images: torch.Tensor, prompts: Sequence[str], metadata):
+    def _compute(self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]) -> Scores:
         scorer = self.scorers[self._calls % len(self.scorers)]
         self._calls += 1
-        return ray.get(scorer.score.remote(images.detach().cpu(), list(prompts), list(metadata)))
+        pixels = np.ascontiguousarray(images.detach().to(device="cpu", dtype=torch.float32).numpy())
+        components = ray.get(scorer.score.remote(pixels, list(prompts), [dict(m) for m in metadata]))
+        if is_single(self.config):
+            return components[next(iter(self.config.weights))]
+        return combine_components(components, self.config.weights)

@@ -37,7 +37,10 @@ class ExplorersConfig(ActorResources):
 
 
 class ScorersConfig(ActorResources):
-    count: int = Field(0, ge=0, description="RewardScorer actors; 0: explorers score on their own device")
+    count: int = Field(0, ge=0, description="RewardScorer actors holding the reward models; 0: explorers and "
+                       "the learner load the rewards beside their diffusion model")
+    max_batch: int = Field(64, ge=1, description="a scorer closes a batch at this many images ...")
+    max_wait_ms: float = Field(20.0, ge=0, description="... or when its first request has waited this long")
 
 
 class ClusterConfig(BaseModel):

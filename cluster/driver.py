@@ -108,16 +108,18 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
     def place(i: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
 
-    learner = ray.remote(Learner).options(  # max_concurrency 2: services pull snapshots during `train`
-        num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(0), max_concurrency=2,
-    ).remote(config, run_dir, services, resume=resume, codec=c.codec, threads=c.learner.threads)
     scorers = [
         ray.remote(RewardScorer).options(
             num_cpus=c.scorers.num_cpus, num_gpus=c.scorers.num_gpus, max_restarts=-1, max_task_retries=-1,
             scheduling_strategy=place(1 + c.explorers.count + i),
-        ).remote(config.reward, threads=c.scorers.threads)
+        ).remote(config.reward, max_batch=c.scorers.max_batch, max_wait_ms=c.scorers.max_wait_ms,
+                 threads=c.scorers.threads)
         for i in range(c.scorers.count)
     ]
+    learner = ray.remote(Learner).options(  # max_concurrency 2: services pull snapshots during `train`
+        num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(0), max_concurrency=2,
+    ).remote(config, run_dir, services, resume=resume, codec=c.codec, threads=c.learner.threads,
+             scorers=scorers or None)
     explorers = [
         ray.remote(Explorer).options(
             num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus, scheduling_strategy=place(i + 1),

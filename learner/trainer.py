@@ -49,10 +49,20 @@ from learner.run_log import append_metrics, progress_line, truncate_metrics
 from learner.selection import select_candidates
 from learner.training_state import TrainingState
 from learner.updates import OBJECTIVES, UpdateContext
-from rewards import build_reward_from_config
+from rewards import Reward, build_reward_from_config
 
 BASE_EVAL_FILE = "base_eval.json"
 SAMPLING_FILE = "sampling_transformer.safetensors"  # θ_old, the policy the explorers held last
+
+
+def reward_components(weights: dict[str, float], groups: list[Group]) -> dict[str, float]:
+    """`reward_<name>`: each configured reward's mean over the kept samples, before weighting (a
+    weighted sum reports its components in the details under their names)."""
+    if len(weights) == 1:
+        (name,) = weights
+        return {f"reward_{name}": float(torch.cat([g.samples.rewards for g in groups]).float().mean() / weights[name])}
+    return {f"reward_{name}": float(torch.cat([g.samples.details[name] for g in groups]).float().mean())
+            for name in weights}
 
 
 def prompts_for(prompts: list[str], run_seed: int, iteration: int, count: int) -> list[str]:
@@ -63,16 +73,17 @@ def prompts_for(prompts: list[str], run_seed: int, iteration: int, count: int) -
 
 class Trainer:
     def __init__(self, config: TrainerConfig, run_dir: str | Path | None = None, *,
-                 remote_explorers: bool = False) -> None:
+                 remote_explorers: bool = False, reward: Reward | None = None) -> None:
         """`remote_explorers`: explorer actors rank the pools (the Ray learner), so no local engine is
-        built unless the algorithm trains on low-precision samples. Nothing is published here."""
+        built unless the algorithm trains on low-precision samples. `reward`: the configured reward when
+        it is computed elsewhere (scorer actors); None builds it here. Nothing is published here."""
         self.config = config
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.seed = config.run.seed
         self.algorithm = ALGORITHMS[config.learner.algorithm]
         self.objective = OBJECTIVES[config.learner.objective]
         self.policy = load_policy_from_config(config.model)
-        self.reward = build_reward_from_config(config.reward)
+        self.reward = reward if reward is not None else build_reward_from_config(config.reward)
         # What the explore engines quantize (the nvfp4 weight-sync codec packs exactly these weights).
         self.explore_plan = explore_plan(self.policy, config.explore)
         # The engine copies the plain transformer, before LoRA is injected into it.
@@ -183,6 +194,7 @@ class Trainer:
         metrics: dict[str, Any] = {"iteration": iteration, "policy_version": self.version,
                                    "sampled_with_version": self.version,
                                    "reward_mean": float(rewards.mean()), "reward_max": float(rewards.max())}
+        metrics.update(reward_components(self.config.reward.weights, collected))
         if "accuracy" in collected[0].samples.details:
             metrics["accuracy"] = float(torch.cat([g.samples.details["accuracy"] for g in collected]).mean())
         metrics.update(rank_fidelity(collected))

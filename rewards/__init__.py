@@ -21,12 +21,18 @@ from rewards.base import (
 from rewards.combine import WeightedSum
 from rewards.config import RewardConfig, build_reward_from_config
 from rewards.digit_alignment import DigitAlignment
+from rewards.geneval import Detection, Detector, GenEval, register_detector
 from rewards.jpeg_compressibility import JpegCompressibility
+from rewards.ocr import OcrReward
 
 __all__ = [
+    "Detection",
+    "Detector",
     "DigitAlignment",
+    "GenEval",
     "JpegCompressibility",
     "Metadata",
+    "OcrReward",
     "Reward",
     "RewardConfig",
     "WeightFile",
@@ -34,6 +40,7 @@ __all__ = [
     "build_reward",
     "build_reward_from_config",
     "known_rewards",
+    "register_detector",
     "register_reward",
     "require_files",
     "validate_inputs",

@@ -15,6 +15,25 @@ import torch
 
 from rewards.base import Metadata, Reward
 
+Scores = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+def combine_components(components: Mapping[str, Scores], weights: Mapping[str, float]) -> Scores:
+    """Σ weights[name] · scores[name] per sample, with every component kept in the details.
+
+    `components`: name → (scores [B], diagnostics) as `Reward.score_and_details` returns them, so the
+    components may be scored anywhere (here, or by `actors.reward_scorer.RewardScorer` actors)."""
+    total: torch.Tensor | None = None
+    details: dict[str, torch.Tensor] = {}
+    for name, weight in weights.items():
+        scores, component_details = components[name]
+        total = weight * scores.float() if total is None else total + weight * scores.float()
+        details[name] = scores
+        details.update({f"{name}/{key}": value for key, value in component_details.items()})
+    if total is None:
+        raise ValueError("combine_components needs at least one weighted component")
+    return total, details
+
 
 class WeightedSum(Reward):
     """Σ weights[name] · rewards[name]; weights are non-negative with a positive sum."""
@@ -45,14 +64,8 @@ class WeightedSum(Reward):
     def _compute(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        total = torch.zeros(images.shape[0], dtype=torch.float32)
-        details: dict[str, torch.Tensor] = {}
-        for name, reward in self.rewards.items():
-            scores, component_details = reward.score_and_details(images, prompts, metadata)
-            total += self.weights[name] * scores
-            details[name] = scores
-            details.update({f"{name}/{key}": value for key, value in component_details.items()})
-        return total, details
+        components = {name: r.score_and_details(images, prompts, metadata) for name, r in self.rewards.items()}
+        return combine_components(components, self.weights)
 
     def __repr__(self) -> str:
         return f"WeightedSum({self.weights})"

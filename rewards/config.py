@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rewards.base import Reward, build_reward, known_rewards, reward_class
+from rewards.base import Reward, build_reward, known_rewards, require_files, reward_class
 from rewards.combine import WeightedSum
 
 
@@ -59,9 +59,26 @@ class RewardConfig(BaseModel):
         return options
 
 
+def is_single(cfg: RewardConfig) -> bool:
+    """One reward of weight 1: the reward is that model itself (its own diagnostics, no weighted sum)."""
+    return len(cfg.weights) == 1 and next(iter(cfg.weights.values())) == 1.0
+
+
+def build_reward_components(cfg: RewardConfig) -> dict[str, Reward]:
+    """Each configured reward model, built (weights loaded) once, by name."""
+    return {name: build_reward(name, **cfg.options.get(name, {})) for name in cfg.weights}
+
+
 def build_reward_from_config(cfg: RewardConfig) -> Reward:
     """The configured reward: the single reward when one is named with weight 1, else a WeightedSum."""
-    rewards = {name: build_reward(name, **cfg.options.get(name, {})) for name in cfg.weights}
-    if len(rewards) == 1 and next(iter(cfg.weights.values())) == 1.0:
+    rewards = build_reward_components(cfg)
+    if is_single(cfg):
         return next(iter(rewards.values()))
     return WeightedSum(rewards, cfg.weights)
+
+
+def check_reward_files(cfg: RewardConfig) -> None:
+    """FileNotFoundError naming each configured reward's missing weight file and where it comes from,
+    before any model loads (`Reward.required_files`)."""
+    for name in cfg.weights:
+        require_files(name, reward_class(name).required_files(**cfg.options.get(name, {})))

@@ -57,10 +57,16 @@ def test_lora_codec_changes_nothing(local_ray, tmp_path, reference_weights):
     assert all("rank_spearman" in m for m in history)
 
 
-def test_reward_scorer_actor_changes_nothing(local_ray, tmp_path, reference_weights):
-    """Explorers send their images to a RewardScorer actor and get the same scores back."""
-    weights, _ = run_job(config("cluster.scorers.count=1", "cluster.scorers.num_cpus=0.25"), tmp_path / "scorer")
-    assert_same(weights, reference_weights)
+def test_a_multi_reward_served_by_a_scorer_actor_changes_nothing(local_ray, tmp_path):
+    """Explorers and the learner send their images to a RewardScorer actor, which holds both reward
+    models; the weighted sum is taken by the callers. Same weights as scoring in process."""
+    multi = "reward.weights={digit_alignment: 1.0, jpeg_compressibility: 0.5}"
+    weights, history = run_job(config(multi, "cluster.scorers.count=1", "cluster.scorers.num_cpus=0.25"),
+                               tmp_path / "scorer")
+    assert_same(weights, single_process(config(multi)))
+    for m in history:  # each component logged beside the weighted total
+        assert m["reward_mean"] == pytest.approx(m["reward_digit_alignment"] + 0.5 * m["reward_jpeg_compressibility"],
+                                                 rel=1e-5)
 
 
 def test_async_mode_ranks_with_the_previous_version_and_regenerates_with_the_current(local_ray, tmp_path):
