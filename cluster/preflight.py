@@ -13,6 +13,7 @@ from pathlib import Path
 from cluster.config import ConfigError, SolRLConfig, check_cross_fields, one_line
 from diffusion.loading import check_model_folder, check_safetensors
 from diffusion.prompts import load_prompts
+from rewards.base import missing_files, reward_class
 
 
 def _check_prompts(config: SolRLConfig) -> None:
@@ -35,9 +36,23 @@ def _check_model(config: SolRLConfig) -> None:
         raise ConfigError(one_line(f"model.path: {exc}")) from None
 
 
+def _check_reward_files(config: SolRLConfig) -> None:
+    """Every configured reward model's weight files, by the reward's own list (`Reward.required_files`)."""
+    for name in config.reward.weights:
+        options = config.reward.options.get(name, {})
+        try:
+            missing = missing_files(reward_class(name).required_files(**options))
+        except (TypeError, ValueError) as exc:  # a required option left out, or a bad one
+            raise ConfigError(one_line(f"reward.options.{name}: {exc}")) from None
+        if missing:
+            files = "; ".join(f"{file.path} (from {file.source})" for file in missing)
+            raise ConfigError(f"reward.options.{name}: missing {files}")
+
+
 def _check_reward(config: SolRLConfig, notes: list[str]) -> None:
     for name in sorted(set(config.reward.options) - set(config.reward.weights)):
         notes.append(f"reward.options.{name} is ignored: {name} is not in reward.weights")
+    _check_reward_files(config)
     folder = config.reward.options.get("digit_alignment", {}).get("path")
     if folder is None or "digit_alignment" not in config.reward.weights:
         return
