@@ -251,7 +251,7 @@ def test_an_unused_classifier_path_is_a_note_not_an_error(tmp_path):
 def test_a_reward_models_missing_weight_file_is_named_with_its_source_before_anything_loads(tmp_path):
     det = tmp_path / "en_PP-OCRv4_det.onnx"
     fails(config_with("reward.weights={ocr: 1.0}", f"reward.options={{ocr: {{det_model_path: {det}}}}}"),
-          rf"reward\.options\.ocr\.path: missing {re.escape(str(det))} \(from det_model_path: a PP-OCR model "
+          rf"reward\.options\.ocr: missing {re.escape(str(det))} \(from det_model_path: a PP-OCR model "
           r"exported to ONNX \(paddle2onnx\)\)")
     assert check_inputs(config_with("reward.weights={ocr: 1.0}")) == []  # the wheel's own models are there
 
