@@ -8,6 +8,7 @@
 Importing the package registers every reward below.
 """
 
+from rewards.aesthetic import Aesthetic
 from rewards.base import (
     Metadata,
     Reward,
@@ -18,14 +19,18 @@ from rewards.base import (
     require_files,
     validate_inputs,
 )
+from rewards.clipscore import ClipScore
 from rewards.combine import WeightedSum
 from rewards.config import RewardConfig, build_reward_from_config
 from rewards.digit_alignment import DigitAlignment
 from rewards.geneval import Detection, Detector, GenEval, register_detector
 from rewards.jpeg_compressibility import JpegCompressibility
 from rewards.ocr import OcrReward
+from rewards.pickscore import PickScore
 
 __all__ = [
+    "Aesthetic",
+    "ClipScore",
     "Detection",
     "Detector",
     "DigitAlignment",
@@ -33,6 +38,7 @@ __all__ = [
     "JpegCompressibility",
     "Metadata",
     "OcrReward",
+    "PickScore",
     "Reward",
     "RewardConfig",
     "WeightFile",
