@@ -24,6 +24,8 @@ from rewards.combine import WeightedSum
 from rewards.config import RewardConfig, build_reward_from_config
 from rewards.digit_alignment import DigitAlignment
 from rewards.geneval import Detection, Detector, GenEval, register_detector
+from rewards.hpsv2 import HPSv2
+from rewards.image_reward import ImageRewardScore
 from rewards.jpeg_compressibility import JpegCompressibility
 from rewards.ocr import OcrReward
 from rewards.pickscore import PickScore
@@ -35,6 +37,8 @@ __all__ = [
     "Detector",
     "DigitAlignment",
     "GenEval",
+    "HPSv2",
+    "ImageRewardScore",
     "JpegCompressibility",
     "Metadata",
     "OcrReward",

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rewards.base import WeightFile
+from rewards.model_placement import resolve_device, resolve_dtype
 from rewards.state_dicts import converted_path, load_state_dict
 
 SAFETENSORS_WEIGHTS = "model.safetensors"
@@ -40,7 +41,6 @@ PICKLED_WEIGHTS = "pytorch_model.bin"
 MODEL_FILES = ("config.json",)
 IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # transformers' `resample` values (PIL's codes) → torch.nn.functional.interpolate modes.
 _RESAMPLE_MODES = {2: "bilinear", 3: "bicubic"}
 
@@ -225,23 +225,6 @@ def clip_processor_files(folder: str | Path, source: str, tokenizer: bool = True
     folder = Path(folder)
     names = (IMAGE_PROCESSOR_FILE, *(TOKENIZER_FILES if tokenizer else ()))
     return [WeightFile(folder / name, source) for name in names]
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """None → "cuda" when CUDA is available, else "cpu"."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {device!r}") from error
-
-
-def resolve_dtype(dtype: str) -> torch.dtype:
-    """"float32" | "float16" | "bfloat16" → the torch dtype."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
 
 
 def load_clip_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> Any:

@@ -23,7 +23,8 @@ def converted_path(path: str | Path) -> Path:
     return Path(path).with_suffix(".safetensors")
 
 
-def _tensors_of(loaded: object, path: Path) -> dict[str, torch.Tensor]:
+def state_dict_of(loaded: object, path: Path) -> dict[str, torch.Tensor]:
+    """The name → tensor mapping of an unpickled checkpoint (bare, or under "state_dict" / "model")."""
     # Official checkpoints are either a bare state dict or {"state_dict": ...} / {"model": ...}.
     if isinstance(loaded, Mapping):
         for key in ("state_dict", "model"):
@@ -55,7 +56,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     except Exception as error:  # torch raises UnpicklingError subclasses and RuntimeError alike
         raise ValueError(f"{path} cannot be read as plain tensors (torch.load(weights_only=True) refused it: "
                          f"{error}); it is not an official checkpoint, or it holds code") from error
-    return _tensors_of(loaded, path)
+    return state_dict_of(loaded, path)
 
 
 def convert_to_safetensors(path: str | Path) -> Path:

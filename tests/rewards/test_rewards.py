@@ -296,8 +296,10 @@ def test_reward_options_are_checked_against_the_rewards_constructor():
     with pytest.raises(ValueError, match=r"digit_alignment has no option\(s\) \['pth'\]; it takes: path, device, "
                                          r"batch_size"):
         RewardConfig.model_validate({"options": {"digit_alignment": {"pth": "x"}}})
-    with pytest.raises(ValueError, match=r"options for unknown reward 'pickscore'; known rewards: "):
-        RewardConfig.model_validate({"options": {"pickscore": {}}})
+    with pytest.raises(ValueError, match=r"options for unknown reward 'no_such_reward'; known rewards: "):
+        RewardConfig.model_validate({"options": {"no_such_reward": {}}})
+    with pytest.raises(ValueError, match=r"pickscore has no option\(s\) \['model_path'\]; it takes: path, "):
+        RewardConfig.model_validate({"options": {"pickscore": {"model_path": "x"}}})
     reward = build_reward_from_config(RewardConfig.model_validate({"options": {"digit_alignment": {"batch_size": 7}}}))
     assert reward.batch_size == 7
 
