@@ -401,8 +401,11 @@ class GenEval(Reward):
 
     @classmethod
     def required_files(cls, **options: Any) -> list[WeightFile]:
-        """The named detector's files, when it declares them."""
+        """The named detector's files, when it declares them. No detector at all is refused here too, so
+        a job configured without one stops before anything starts."""
         name = options.get("detector")
+        if name is None:
+            raise ValueError(NO_DETECTOR.format(what="reward.options.geneval.detector names none"))
         factory = _DETECTORS.get(name) if isinstance(name, str) else None
         declare = getattr(factory, "required_files", None)
         return list(declare(**dict(options.get("detector_options") or {}))) if declare else []

@@ -371,3 +371,10 @@ def test_resuming_a_run_whose_config_yaml_is_broken_is_one_line(tmp_path):
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert re.fullmatch(r"error: \S+/old/config\.yaml line 4, column 1: .*; fix the YAML syntax there", lines[0]), lines
     assert sorted(p.name for p in old.iterdir()) == ["checkpoint", "config.yaml"]
+
+
+def test_geneval_without_a_detector_stops_at_preflight_saying_what_to_install():
+    text = fails(config_with("reward.weights={geneval: 1.0}"),
+                 r"reward\.options\.geneval: the geneval reward needs an object detector, and reward\.options\.geneval"
+                 r"\.detector names none\. GenEval's own is Mask2Former .*register_detector\(NAME\).*")
+    assert "mmcv" in text

@@ -40,9 +40,15 @@ def test_preset_carries_the_official_hyperparameters(name):
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
-def test_the_model_path_is_the_only_line_to_change(name, tiny_folder):
+def test_the_model_and_reward_folders_are_the_only_lines_to_change(name, tiny_folder, tmp_path):
     config = load_config(f"configs/{name}.yaml")
-    with pytest.raises(ConfigError, match=rf"^model\.path: {re.escape(config.model.path)} does not exist"):
+    assert config.reward.weights == {"hpsv2": 1.0}  # the paper's ablation reward
+    reward_file = re.escape(f"{config.reward.options['hpsv2']['path']}/HPS_v2.1_compressed.pt")
+    with pytest.raises(ConfigError, match=rf"^reward\.options\.hpsv2: missing {reward_file} \(from "):
         check_inputs(config)
+    (tmp_path / "HPS_v2.1_compressed.pt").write_bytes(b"")  # preflight checks presence; loading checks content
+    reward = f"reward.options.hpsv2.path={tmp_path}"
+    with pytest.raises(ConfigError, match=rf"^model\.path: {re.escape(config.model.path)} does not exist"):
+        check_inputs(load_config(f"configs/{name}.yaml", [reward]))
     family = PRESETS[name][0]
-    assert check_inputs(load_config(f"configs/{name}.yaml", [f"model.path={tiny_folder(family)}"])) == []
+    assert check_inputs(load_config(f"configs/{name}.yaml", [f"model.path={tiny_folder(family)}", reward])) == []
