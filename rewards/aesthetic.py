@@ -40,7 +40,7 @@ from torch import nn
 
 from rewards.base import Metadata, Reward, WeightFile, register_reward, require_files
 from rewards.clip_embedding import ClipEmbedder, clip_model_files, clip_processor_files
-from rewards.state_dicts import converted_path, load_state_dict
+from rewards.state_dicts import checkpoint_on_disk, load_state_dict
 
 MLP_FILE = "sac+logos+ava1-l14-linearMSE.pth"
 MLP_SOURCE = "github.com/christophschuhmann/improved-aesthetic-predictor (sac+logos+ava1-l14-linearMSE.pth)"
@@ -76,13 +76,6 @@ def _folders(path: str | Path | None, clip_path: str | Path | None) -> tuple[Pat
     return path, Path(clip_path) if clip_path is not None else path / CLIP_SUBFOLDER
 
 
-def _mlp_file(path: Path) -> Path:
-    """The MLP weights: the safetensors twin when it exists (what `load_state_dict` prefers), else the .pth."""
-    pickled = path / MLP_FILE
-    twin = converted_path(pickled)
-    return twin if twin.is_file() else pickled
-
-
 @register_reward("aesthetic")
 class Aesthetic(Reward):
     """The LAION aesthetic predictor: MLP on the L2-normalised CLIP ViT-L/14 image embedding."""
@@ -107,14 +100,14 @@ class Aesthetic(Reward):
             raise ValueError(f"the CLIP model in {clip_folder} embeds in {self.embedder.model.config.projection_dim} "
                              f"dimensions; the aesthetic MLP takes {EMBEDDING_DIM} (CLIP ViT-L/14)")
         self.mlp = AestheticMLP()
-        self.mlp.load_state_dict(load_state_dict(_mlp_file(mlp_folder)))
+        self.mlp.load_state_dict(load_state_dict(checkpoint_on_disk(mlp_folder / MLP_FILE)))
         self.mlp.eval().requires_grad_(False).to(self.embedder.device)
 
     @classmethod
     def required_files(cls, **options: Any) -> list[WeightFile]:
         mlp_folder, clip_folder = _folders(options.get("path"), options.get("clip_path"))
         return [
-            WeightFile(_mlp_file(mlp_folder), MLP_SOURCE),
+            WeightFile(checkpoint_on_disk(mlp_folder / MLP_FILE), MLP_SOURCE),
             *clip_model_files(clip_folder, CLIP_SOURCE),
             *clip_processor_files(clip_folder, CLIP_SOURCE, tokenizer=False),
         ]

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 import diffusion  # noqa: F401  (makes torchvision importable before open_clip imports it)
 from rewards.base import Metadata, Reward, WeightFile, register_reward, require_files
 from rewards.model_placement import resolve_device, resolve_dtype
-from rewards.state_dicts import converted_path, load_state_dict
+from rewards.state_dicts import checkpoint_on_disk, load_state_dict
 
 CHECKPOINT = "HPS_v2.1_compressed.pt"
 SOURCE = "huggingface.co/xswu/HPSv2 (HPSv2.1 of tgxs002/HPSv2)"
@@ -57,12 +57,10 @@ DEFAULT_MODEL_CONFIG = "ViT-H-14"
 
 
 def checkpoint_file(path: str | Path | None) -> Path:
-    """The checkpoint in `path`: the safetensors twin when it exists, else HPS_v2.1_compressed.pt."""
+    """The checkpoint in `path`: HPS_v2.1_compressed.pt or its safetensors twin (`checkpoint_on_disk`)."""
     if path is None:
         raise ValueError(f"hpsv2 needs option `path`: the folder with {CHECKPOINT}")
-    pickled = Path(path) / CHECKPOINT
-    twin = converted_path(pickled)
-    return twin if twin.is_file() and not pickled.is_file() else pickled
+    return checkpoint_on_disk(Path(path) / CHECKPOINT)
 
 
 def open_clip_config(model_config: str | Mapping[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from rewards.base import Metadata, Reward, WeightFile, register_reward, require_
 from rewards.blip_compat import bert_model_class, load_blip_modules
 from rewards.jpeg_compressibility import to_pil
 from rewards.model_placement import resolve_device, resolve_dtype
-from rewards.state_dicts import converted_path, load_state_dict
+from rewards.state_dicts import checkpoint_on_disk, load_state_dict
 
 CHECKPOINT = "ImageReward.pt"
 MED_CONFIG = "med_config.json"
@@ -82,13 +82,6 @@ def _folders(path: str | Path | None, tokenizer_path: str | Path | None) -> tupl
         raise ValueError(f"imagereward needs option `path`: the folder with {CHECKPOINT} and {MED_CONFIG}")
     path = Path(path)
     return path, Path(tokenizer_path) if tokenizer_path is not None else path / TOKENIZER_SUBFOLDER
-
-
-def checkpoint_file(folder: Path) -> Path:
-    """ImageReward.pt, or its safetensors twin when only that is there."""
-    pickled = folder / CHECKPOINT
-    twin = converted_path(pickled)
-    return twin if twin.is_file() and not pickled.is_file() else pickled
 
 
 def vit_size(vit: str | Mapping[str, Any]) -> dict[str, Any]:
@@ -227,7 +220,7 @@ class ImageRewardScore(Reward):
         if len(self.tokenizer) > net.vocab_size:
             raise ValueError(f"the tokenizer in {tokenizer_folder} has {len(self.tokenizer)} tokens with [DEC] and "
                              f"[ENC], more than {MED_CONFIG}'s vocab_size {net.vocab_size}")
-        self.ignored_keys = load_weights(net, checkpoint_file(folder))
+        self.ignored_keys = load_weights(net, checkpoint_on_disk(folder / CHECKPOINT))
         unknown = [key for key in self.ignored_keys if not key.startswith(UNUSED_PREFIXES)]
         if unknown:
             warnings.warn(f"imagereward ignores {len(unknown)} unexpected checkpoint key(s), as the official "
@@ -241,7 +234,7 @@ class ImageRewardScore(Reward):
     def required_files(cls, **options: Any) -> list[WeightFile]:
         folder, tokenizer_folder = _folders(options.get("path"), options.get("tokenizer_path"))
         return [
-            WeightFile(checkpoint_file(folder), SOURCE),
+            WeightFile(checkpoint_on_disk(folder / CHECKPOINT), SOURCE),
             WeightFile(folder / MED_CONFIG, SOURCE),
             WeightFile(tokenizer_folder / VOCAB, TOKENIZER_SOURCE),
         ]

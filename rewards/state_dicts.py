@@ -23,6 +23,13 @@ def converted_path(path: str | Path) -> Path:
     return Path(path).with_suffix(".safetensors")
 
 
+def checkpoint_on_disk(pickled: str | Path) -> Path:
+    """The file a reward requires for an official pickled checkpoint: its safetensors twin when that is
+    there (`load_state_dict` reads it first), else the pickle (named as missing when neither is)."""
+    twin = converted_path(pickled)
+    return twin if twin.is_file() else Path(pickled)
+
+
 def state_dict_of(loaded: object, path: Path) -> dict[str, torch.Tensor]:
     """The name → tensor mapping of an unpickled checkpoint (bare, or under "state_dict" / "model")."""
     # Official checkpoints are either a bare state dict or {"state_dict": ...} / {"model": ...}.
