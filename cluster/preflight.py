@@ -47,6 +47,17 @@ def _check_reward_files(config: SolRLConfig) -> None:
         if missing:
             files = "; ".join(f"{file.path} (from {file.source})" for file in missing)
             raise ConfigError(f"reward.options.{name}: missing {files}")
+        for file in reward_class(name).required_files(**options):
+            try:  # headers and small text files only: whole, parseable, without reading weights
+                if file.path.suffix == ".safetensors":
+                    check_safetensors(file.path)
+                elif file.path.suffix == ".json":
+                    try:
+                        json.loads(file.path.read_text(encoding="utf-8"))
+                    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+                        raise ValueError(f"{file.path} is not JSON ({exc}); copy or download it again") from None
+            except (OSError, ValueError) as exc:
+                raise ConfigError(one_line(f"reward.options.{name}: {exc} (from {file.source})")) from None
 
 
 def _check_reward(config: SolRLConfig, notes: list[str]) -> None:

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from cluster.config import ConfigError, load_config
 from cluster.preflight import check_inputs
@@ -378,3 +380,18 @@ def test_geneval_without_a_detector_stops_at_preflight_saying_what_to_install():
                  r"reward\.options\.geneval: the geneval reward needs an object detector, and reward\.options\.geneval"
                  r"\.detector names none\. GenEval's own is Mask2Former .*register_detector\(NAME\).*")
     assert "mmcv" in text
+
+
+def test_a_truncated_or_unreadable_reward_file_is_named_before_anything_loads(tmp_path):
+    folder = tmp_path / "imagereward"
+    (folder / "bert-base-uncased").mkdir(parents=True)
+    (folder / "bert-base-uncased" / "vocab.txt").write_text("[PAD]\n", encoding="utf-8")
+    (folder / "ImageReward.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    (folder / "med_config.json").write_text("{not json", encoding="utf-8")
+    overrides = ["reward.weights={imagereward: 1.0}", f"reward.options.imagereward.path={folder}"]
+    fails(config_with(*overrides),
+          r"reward\.options\.imagereward: \S+/ImageReward\.safetensors is truncated or not a safetensors file: .*"
+          r"\(from huggingface\.co/THUDM/ImageReward\)")
+    save_file({"w": torch.zeros(2)}, folder / "ImageReward.safetensors")
+    fails(config_with(*overrides), r"reward\.options\.imagereward: \S+/med_config\.json is not JSON \(Expecting "
+          r"property name .*\); copy or download it again \(from huggingface\.co/THUDM/ImageReward\)")
