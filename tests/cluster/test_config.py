@@ -26,7 +26,7 @@ def test_embedded_preset_loads_with_overrides():
         ("explore.stepz=3", r"explore\.stepz: unknown field"),
         ("sampler.steps=0", r"sampler\.steps: Input should be greater than or equal to 1"),
         ("sampler.solver=heun", r"sampler\.solver: Input should be 'euler' or 'dpm2'"),
-        ("reward.weights={pickscore: 1.0}", r"reward\.weights: .*unknown reward.*digit_alignment"),
+        ("reward.weights={no_such_reward: 1.0}", r"reward\.weights: .*unknown reward.*digit_alignment"),
         ("explore.precision", r"write it as key\.path=value"),
     ],
 )
