@@ -83,8 +83,7 @@ def stored_parameters(folder: Path) -> dict[str, int]:
 # ---- the rows --------------------------------------------------------------------------------------------
 def resources_row(config: SolRLConfig) -> Row:
     c = config.cluster
-    need_gpus = c.learner.num_gpus + c.explorers.count * c.explorers.num_gpus + c.scorers.count * c.scorers.num_gpus
-    need_cpus = c.learner.num_cpus + c.explorers.count * c.explorers.num_cpus + c.scorers.count * c.scorers.num_cpus
+    need_gpus, need_cpus = c.total("GPU"), c.total("CPU")
     address = c.address or os.environ.get("RAY_ADDRESS")
     if address:
         import ray

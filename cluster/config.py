@@ -56,6 +56,15 @@ class ClusterConfig(BaseModel):
     learner: ActorResources = ActorResources()
     scorers: ScorersConfig = ScorersConfig()
 
+    def bundles(self) -> list[dict[str, float]]:
+        """The job's placement-group bundles in actor order: the learner, each explorer, each scorer."""
+        actors = [self.learner] + [self.explorers] * self.explorers.count + [self.scorers] * self.scorers.count
+        return [{"CPU": a.num_cpus, "GPU": a.num_gpus} for a in actors]
+
+    def total(self, resource: str) -> float:
+        """What the job's bundles need of `resource` ("CPU" or "GPU") in all."""
+        return sum(bundle[resource] for bundle in self.bundles())
+
 
 class SolRLConfig(TrainerConfig):
     """The whole run: the trainer's sections plus the cluster's."""

@@ -98,12 +98,17 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
     E explorers."""
     services = start_services(tag=uuid.uuid4().hex[:8])
     c = config.cluster
-    bundles = [{"CPU": c.learner.num_cpus, "GPU": c.learner.num_gpus}] + [
-        {"CPU": c.explorers.num_cpus, "GPU": c.explorers.num_gpus} for _ in range(c.explorers.count)] + [
-        {"CPU": c.scorers.num_cpus, "GPU": c.scorers.num_gpus} for _ in range(c.scorers.count)]
-    pg = placement_group([{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in bundles],
+    pg = placement_group([{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in c.bundles()],
                          strategy=c.placement_strategy)
-    ray.get(pg.ready(), timeout=600)
+    try:
+        ray.get(pg.ready(), timeout=600)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(pg)
+        for service in services.values():
+            ray.kill(service)
+        raise RuntimeError(f"the job's {len(c.bundles())} actors (CPU {c.total('CPU'):g}, GPU {c.total('GPU'):g} in "
+                           f"all) found no room within 600 s; the cluster has {ray.cluster_resources()}: run "
+                           "python -m cluster.check, or lower cluster.*.count / num_cpus / num_gpus") from None
 
     def place(i: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)

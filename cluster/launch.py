@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -127,11 +128,9 @@ def connect(config: SolRLConfig) -> LocalRay | None:
     if address:  # a job's runtime env (cluster/runtime_env.yaml) already applies; Ray refuses a second one
         ray.init(address=address, log_to_driver=True)
         return None
-    c = config.cluster
-    gpus = c.learner.num_gpus + c.explorers.num_gpus * c.explorers.count
-    cpus = c.learner.num_cpus + c.explorers.num_cpus * c.explorers.count
-    return LocalRay.start(num_cpus=max(2, int(cpus + 0.999)), num_gpus=int(gpus + 0.999), runtime_env=env,
-                          dashboard_host="127.0.0.1", log_to_driver=True)
+    c = config.cluster  # logical resources: every bundle fits, whatever this machine has (scorers included)
+    return LocalRay.start(num_cpus=max(2, math.ceil(c.total("CPU"))), num_gpus=math.ceil(c.total("GPU")),
+                          runtime_env=env, dashboard_host="127.0.0.1", log_to_driver=True)
 
 
 def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, iteration: int) -> None:
@@ -222,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary, indent=2))
         base, last = summary["base_eval"], summary["last_eval"]
         if base and last:
-            print(f"held-out reward {base['eval_reward']:.3f} → {last['eval_reward']:.3f}, accuracy "
-                  f"{base.get('eval_accuracy', float('nan')):.3f} → {last.get('eval_accuracy', float('nan')):.3f}")
+            line = f"held-out reward {base['eval_reward']:.3f} → {last['eval_reward']:.3f}"
+            if base.get("eval_accuracy") is not None and last.get("eval_accuracy") is not None:
+                line += f", accuracy {base['eval_accuracy']:.3f} → {last['eval_accuracy']:.3f}"
+            print(line)  # accuracy: only rewards that report one (the digit classifier alone)
         print(f"run directory: {run_dir}")
         clean = True
     except driver.ExplorerCrashLoop as exc:

@@ -62,14 +62,20 @@ def ray_folders() -> set[str]:
 
 @pytest.mark.ray
 def test_a_clean_local_run_removes_its_ray_folder_and_prints_where_it_is(tmp_path):
+    """Through the real CLI, with two rewards served by a scorer actor: the local Ray has room for every
+    actor (scorers included), and a reward without an accuracy still ends in a summary line."""
     before = ray_folders()
-    run = launch(tmp_path / "run", "run.iterations=1")
+    run = launch(tmp_path / "run", "run.iterations=1", "cluster.scorers.count=1",
+                 "reward.weights={digit_alignment: 1.0, jpeg_compressibility: 0.5}")
     out, _ = run.communicate(timeout=600)
     assert run.returncode == 0, out[-3000:]
     assert out.count(f"run directory: {tmp_path / 'run'}") == 2
+    assert "held-out reward " in out and "accuracy" not in out.split("held-out reward ")[-1].splitlines()[0]
     assert ray_folders() <= before  # its own Ray folder is gone (others' are not ours to judge)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["iterations"] == 1 and summary["samples"] == str(tmp_path / "run" / "samples.png")
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert {"reward_digit_alignment", "reward_jpeg_compressibility"} <= metrics.keys()
 
 
 @pytest.mark.ray
