@@ -60,6 +60,9 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
     assert values["ray_solrl_explorer_retries_total"] >= 1
     assert values["ray_solrl_weight_syncs_total"] >= ITERATIONS  # versions 0 and 1 (2 is never needed)
     assert values["ray_solrl_reward_mean"] == pytest.approx(history[-1]["reward_mean"], rel=1e-6)
+    # each configured reward's component, named after it (the only one here: the weighted total itself)
+    assert values["ray_solrl_reward_digit_alignment"] == pytest.approx(history[-1]["reward_digit_alignment"], rel=1e-6)
+    assert history[-1]["reward_digit_alignment"] == pytest.approx(history[-1]["reward_mean"], rel=1e-6)
     assert values["ray_solrl_train_s"] == pytest.approx(history[-1]["train_s"], rel=1e-6)
     assert 0 <= values["ray_solrl_learner_idle_fraction"] <= 1
     assert values["ray_solrl_rank_spearman"] == pytest.approx(history[-1]["rank_spearman"], rel=1e-6)
