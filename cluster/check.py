@@ -181,13 +181,24 @@ def estimate_memory(config: SolRLConfig, model: nn.Module, family, params: dict[
             "learner_training_state": training / GiB}
 
 
+def reward_weights_gib(config: SolRLConfig) -> float:
+    """The configured reward models' weight files, in GiB (the files `Reward.required_files` names)."""
+    from rewards.base import reward_class
+
+    files = {file.path for name in config.reward.weights
+             for file in reward_class(name).required_files(**config.reward.options.get(name, {}))}
+    return sum(path.stat().st_size for path in files if path.is_file()) / GiB
+
+
 def memory_row(config: SolRLConfig, model: nn.Module, family, params: dict[str, int]) -> Row:
     m = estimate_memory(config, model, family, params)
     at_once = min(config.prompts.candidates, config.explore.batch_size or config.prompts.candidates)
+    where = "each scorer" if config.cluster.scorers.count else "each explorer and the learner"
     return Row("memory", True, f"≈ {m['learner']:.1f} GiB per learner (training state "
                f"{m['learner_training_state']:.1f}, activations {m['learner_activations']:.1f} at micro-batch "
                f"{config.learner.micro_batch}), ≈ {m['explorer']:.1f} GiB per explorer ("
-               f"{at_once} candidates at once); estimates, plus the reward model")
+               f"{at_once} candidates at once); estimates, plus the reward models' "
+               f"{reward_weights_gib(config):.2f} GiB of weights on {where}")
 
 
 def run_checks(config: SolRLConfig) -> list[Row]:

@@ -45,12 +45,16 @@ def test_an_incomplete_folder_is_named_and_fails(tiny_folder, tmp_path, capsys):
     assert f"FAIL  inputs     model.path: {folder / 'text_encoder_2'} is missing: component 'text_encoder_2'" in out
 
 
-def test_a_preset_on_a_cpu_machine_warns_about_gpus_and_nothing_quantized_fails(tiny_folder, capsys):
-    code = main(["--config", "configs/flux_dev.yaml", "--set", f"model.path={tiny_folder('flux')}"])
+def test_a_preset_on_a_cpu_machine_warns_about_gpus_and_nothing_quantized_fails(tiny_folder, tmp_path, capsys):
+    with open(tmp_path / "HPS_v2.1_compressed.pt", "wb") as sparse:  # 1.5 GiB as the checker sees it
+        sparse.truncate(3 * 2**29)
+    code = main(["--config", "configs/flux_dev.yaml", "--set", f"model.path={tiny_folder('flux')}",
+                 "--set", f"reward.options.hpsv2.path={tmp_path}"])
     out = capsys.readouterr().out
     assert code == 1
     assert "warn  resources  bundles need 8 GPU, 64 CPU" in out
     assert "FAIL  plan       0 of " in out and "nothing would run in low precision" in out  # tiny < min dim 1000
+    assert "plus the reward models' 1.50 GiB of weights on each explorer and the learner" in out
 
 
 def test_a_bad_config_is_exit_2(capsys):
