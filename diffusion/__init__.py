@@ -4,6 +4,6 @@ Importing any part of the project imports this package first, so torchvision is 
 here, once per process, before transformers, diffusers, open_clip or timm reach for it.
 """
 
-from diffusion.torchvision_import import import_torchvision
+from diffusion.torchvision_import import prepare_torchvision
 
-import_torchvision()
+prepare_torchvision()

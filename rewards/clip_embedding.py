@@ -265,10 +265,7 @@ def load_clip_tokenizer(folder: str | Path, vocab_size: int) -> Any:
 
 def load_image_processor(folder: str | Path) -> dict[str, Any]:
     """The settings of the `CLIPImageProcessor` in `folder` (its `to_dict()`), read by transformers."""
-    from diffusion.torchvision_import import import_torchvision
-
-    import_torchvision()  # transformers' CLIP image processor imports torchvision
-    from transformers import CLIPImageProcessor
+    from transformers import CLIPImageProcessor  # it imports torchvision: `diffusion` made that possible
 
     return CLIPImageProcessor.from_pretrained(folder).to_dict()
 

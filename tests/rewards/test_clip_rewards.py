@@ -15,20 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchvision
 from PIL import Image
 from sklearn.datasets import load_sample_image
 
 import rewards.aesthetic
 import rewards.clipscore
 import rewards.pickscore  # the three imports register the rewards
-from diffusion.torchvision_import import import_torchvision
 from rewards.base import build_reward, known_rewards
 from rewards.clip_embedding import ClipImageTransform
 from rewards.state_dicts import convert_to_safetensors
 
-torchvision = import_torchvision()
 T = torchvision.transforms
-from transformers import (  # noqa: E402  (after torchvision is made importable)
+from transformers import (  # noqa: E402
     CLIPConfig,
     CLIPImageProcessor,
     CLIPImageProcessorPil,
