@@ -1,8 +1,14 @@
 """Learner actor: the single-process trainer core behind a Ray handle, publishing through weight sync.
 
-The driver calls, per iteration: `train(iteration, groups)` (select → regenerate → advantages → update
-→ soft-update, all `Trainer`'s), `publish()` (the sampling policy to every node's WeightSyncService)
-and `finish_iteration(metrics)` (evaluation, log, checkpoint, dashboard metrics).
+The driver calls, per iteration: `regenerate(iteration, group)` for each ranked group as it arrives
+(streamed: select and regenerate that slot while the other slots are still explored), `train(iteration,
+groups)` (any slot not streamed yet, then advantages → update → soft-update, all `Trainer`'s), `publish()`
+(the sampling policy to every node's WeightSyncService) and `finish_iteration(metrics)` (evaluation, log,
+checkpoint, dashboard metrics).
+
+Two concurrency groups: the default one runs those calls one at a time, in the order the driver sent
+them (they share the model); "sync" serves the weight-sync services' `snapshot` pulls (and republishing)
+while a long `train` runs.
 """
 
 from __future__ import annotations
@@ -18,9 +24,16 @@ import torch
 from actors.metrics import LearnerMetrics
 from actors.reward_scorer import RemoteReward
 from diffusion.explore import ExplorePlan
-from learner.rollouts import RankedGroup
+from learner.rollouts import Group, RankedGroup
 from learner.trainer import Trainer
 from weight_sync.publisher import WeightPublisher
+
+
+def same_group(a: RankedGroup, b: RankedGroup) -> bool:
+    """The same ranked group: a streamed rollout serves `train` only for exactly the group it was made from
+    (async mode may replace a stale group by one explored again)."""
+    return (a.iteration, a.slot, a.policy_version, a.seeds) == (b.iteration, b.slot, b.policy_version, b.seeds) \
+        and torch.equal(a.proxy, b.proxy)
 
 
 def codec_for(plan: ExplorePlan, requested: str) -> str:
@@ -46,6 +59,9 @@ class Learner:
         self.metrics = LearnerMetrics()
         self._last_end: float | None = None
         self._start = self._idle = 0.0
+        self._streamed: dict[int, tuple[RankedGroup, Group]] = {}  # slot → (its ranked group, its rollout)
+        self._streamed_s = 0.0
+        self._streamed_order: list[int] = []
 
     def start(self) -> dict[str, Any]:
         """Resume if asked (True: run_dir/checkpoint; a path: that checkpoint folder). The driver then
@@ -71,6 +87,7 @@ class Learner:
         trainer.publish(weights)
         return {"version": trainer.version, "sync_s": time.perf_counter() - start}
 
+    @ray.method(concurrency_group="sync")
     def snapshot(self, version: int) -> dict:
         """Called by weight-sync services (concurrently with `train`): the newest encoded snapshot."""
         return self.publisher.snapshot(version)
@@ -78,19 +95,41 @@ class Learner:
     def status(self) -> dict[str, Any]:
         return {"iteration": self.trainer.iteration, "version": self.trainer.version, "pid": os.getpid()}
 
+    @ray.method(concurrency_group="sync")
     def ensure_published(self) -> list[str]:
         """Re-send the newest snapshot to services that lost it (restarted); their node ids."""
         return self.publisher.republish()
 
+    def regenerate(self, iteration: int, group: RankedGroup) -> float:
+        """Streamed regeneration: select and regenerate one slot's kept seeds now, while the other slots
+        are explored; `train` uses the result. Deterministic per slot (derived seeds, the current policy),
+        so arrival order changes nothing. Seconds spent."""
+        start = time.perf_counter()
+        if iteration != self.trainer.iteration:
+            raise ValueError(f"learner is at iteration {self.trainer.iteration}, asked to regenerate {iteration}")
+        self._streamed[group.slot] = (group, self.trainer.rollout(iteration, group.slot, group.prompt, group))
+        self._streamed_order.append(group.slot)
+        seconds = time.perf_counter() - start
+        self._streamed_s += seconds
+        return seconds
+
     def train(self, iteration: int, groups: list[RankedGroup]) -> dict[str, Any]:
-        """select → regenerate → advantages → update → soft-update on the explorers' ranked groups."""
+        """select → regenerate → advantages → update → soft-update on the explorers' ranked groups (slots
+        already streamed through `regenerate` with exactly these groups are not regenerated again)."""
         trainer = self.trainer
         if iteration != trainer.iteration:
             raise ValueError(f"learner is at iteration {trainer.iteration}, asked to train {iteration}")
         self._start = time.perf_counter()
-        self._idle = self._start - self._last_end if self._last_end is not None else 0.0
-        metrics = trainer.train_iteration(iteration, groups)
+        busy = self._streamed_s  # streamed regeneration is work, not waiting
+        self._idle = max(self._start - self._last_end - busy, 0.0) if self._last_end is not None else 0.0
+        rolled = {g.slot: self._streamed[g.slot][1] for g in groups
+                  if g.slot in self._streamed and same_group(self._streamed[g.slot][0], g)}
+        order = [slot for slot in self._streamed_order if slot in rolled]
+        self._streamed, self._streamed_s, self._streamed_order = {}, 0.0, []
+        metrics = trainer.train_iteration(iteration, groups, rolled=rolled)
         metrics["proxy_reward_mean"] = float(torch.cat([g.proxy for g in groups]).mean()) if groups else None
+        metrics.update({"streamed_slots": order, "streamed_rollout_s": busy})
+        self._start -= busy  # the iteration's busy time starts with its first streamed slot
         return metrics
 
     def finish_iteration(self, metrics: dict[str, Any]) -> dict[str, Any]:

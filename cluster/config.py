@@ -52,6 +52,8 @@ class ClusterConfig(BaseModel):
     codec: Codec | Literal["auto"] = Field(
         "auto", description="auto: nvfp4 for NVFP4 engines; lora ships only the sampling adapter")
     placement_strategy: Literal["PACK", "SPREAD"] = "PACK"
+    stream_regeneration: bool = Field(True, description="the learner regenerates a slot's kept seeds as soon as "
+                                      "its ranked group arrives, while the other slots are explored (sol_rl)")
     explorers: ExplorersConfig = ExplorersConfig()
     learner: ActorResources = ActorResources()
     scorers: ScorersConfig = ScorersConfig()

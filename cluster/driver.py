@@ -1,8 +1,9 @@
 """The driver loop: explorers rank seeds, the learner trains and publishes, repeat.
 
     for iteration i:   prompts(i) → one slot per prompt → explorers (round robin)
-                       ← ranked groups (seeds + proxy rewards, a few KB each)
-                       learner.train(i, groups)      select → regenerate → update → new policy version
+                       ← ranked groups (seeds + proxy rewards, a few KB each), each streamed at once to
+                       learner.regenerate(i, group)  select → regenerate that slot while others explore
+                       learner.train(i, groups)      (any slot not streamed) → update → new policy version
                        learner.publish()             θ_old → every node's weight-sync service
                        learner.finish_iteration(m)   evaluate when due, log, checkpoint
 Sync mode (the paper): iteration i's slots are explored with the policy of version v_i, the learner's.
@@ -38,6 +39,7 @@ from actors.learner import Learner
 from actors.reward_scorer import RewardScorer
 from cluster.config import SolRLConfig
 from diffusion.prompts import load_prompts
+from learner.algorithms import ALGORITHMS
 from learner.rollouts import exploration_sampling
 from learner.run_log import progress_line
 from learner.trainer import prompts_for
@@ -94,47 +96,52 @@ class Health:
 
 
 def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
-    """Weight-sync services (one per node, private to this job), a placement group, the learner and
-    E explorers."""
-    services = start_services(tag=uuid.uuid4().hex[:8])
+    """Weight-sync services (one per node, private to this job), a placement group, the learner, E explorers
+    and S scorers. If any of it fails, what was started is stopped again."""
     c = config.cluster
-    pg = placement_group([{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in c.bundles()],
-                         strategy=c.placement_strategy)
+    job = Job(learner=None, explorers=[], placement=None, services=start_services(tag=uuid.uuid4().hex[:8]))
     try:
-        ray.get(pg.ready(), timeout=600)
-    except ray.exceptions.GetTimeoutError:
-        remove_placement_group(pg)
-        for service in services.values():
-            ray.kill(service)
-        raise RuntimeError(f"the job's {len(c.bundles())} actors (CPU {c.total('CPU'):g}, GPU {c.total('GPU'):g} in "
-                           f"all) found no room within 600 s; the cluster has {ray.cluster_resources()}: run "
-                           "python -m cluster.check, or lower cluster.*.count / num_cpus / num_gpus") from None
+        job.placement = pg = placement_group(
+            [{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in c.bundles()], strategy=c.placement_strategy)
+        try:
+            ray.get(pg.ready(), timeout=600)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the job's {len(c.bundles())} actors (CPU {c.total('CPU'):g}, GPU "
+                               f"{c.total('GPU'):g} in all) found no room within 600 s; the cluster has "
+                               f"{ray.cluster_resources()}: run python -m cluster.check, or lower "
+                               "cluster.*.count / num_cpus / num_gpus") from None
 
-    def place(i: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+        def place(i: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
 
-    scorers = [
-        ray.remote(RewardScorer).options(
-            num_cpus=c.scorers.num_cpus, num_gpus=c.scorers.num_gpus, max_restarts=-1, max_task_retries=-1,
-            scheduling_strategy=place(1 + c.explorers.count + i),
-        ).remote(config.reward, max_batch=c.scorers.max_batch, max_wait_ms=c.scorers.max_wait_ms,
-                 threads=c.scorers.threads)
-        for i in range(c.scorers.count)
-    ]
-    learner = ray.remote(Learner).options(  # max_concurrency 2: services pull snapshots during `train`
-        num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(0), max_concurrency=2,
-    ).remote(config, run_dir, services, resume=resume, codec=c.codec, threads=c.learner.threads,
-             scorers=scorers or None)
-    explorers = [
-        ray.remote(Explorer).options(
-            num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus, scheduling_strategy=place(i + 1),
-            max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
-        ).remote(config.model, config.explore, config.reward, services, sampling=exploration_sampling(config),
-                 run_seed=config.run.seed, candidates=config.prompts.candidates, threads=c.explorers.threads,
-                 scorers=scorers or None, prompt_source=config.prompts.source)
-        for i in range(c.explorers.count)
-    ]
-    return Job(learner, explorers, pg, services, scorers)
+        job.scorers = [
+            ray.remote(RewardScorer).options(
+                num_cpus=c.scorers.num_cpus, num_gpus=c.scorers.num_gpus, max_restarts=-1, max_task_retries=-1,
+                scheduling_strategy=place(1 + c.explorers.count + i),
+            ).remote(config.reward, max_batch=c.scorers.max_batch, max_wait_ms=c.scorers.max_wait_ms,
+                     threads=c.scorers.threads)
+            for i in range(c.scorers.count)
+        ]
+        # One call at a time, in the driver's order (they share the model); "sync": snapshot pulls during train.
+        job.learner = ray.remote(concurrency_groups={"sync": 1})(Learner).options(
+            num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(0),
+            max_concurrency=1,
+        ).remote(config, run_dir, job.services, resume=resume, codec=c.codec, threads=c.learner.threads,
+                 scorers=job.scorers or None)
+        job.explorers = [
+            ray.remote(Explorer).options(
+                num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus, scheduling_strategy=place(i + 1),
+                max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
+            ).remote(config.model, config.explore, config.reward, job.services,
+                     sampling=exploration_sampling(config), run_seed=config.run.seed,
+                     candidates=config.prompts.candidates, threads=c.explorers.threads,
+                     scorers=job.scorers or None, prompt_source=config.prompts.source)
+            for i in range(c.explorers.count)
+        ]
+    except BaseException:
+        stop(job)
+        raise
+    return job
 
 
 def dispatch(job: Job, iteration: int, slots: list[tuple[int, str]], version: int,
@@ -150,8 +157,10 @@ def dispatch(job: Job, iteration: int, slots: list[tuple[int, str]], version: in
 
 
 def gather(job: Job, iteration: int, pending: dict, version: int, stats: dict,
-           retry: RetryPolicy | None = None, health: Health | None = None) -> list:
-    """Wait for every slot's ranked group; a slot whose explorer died is sent again after a backoff."""
+           retry: RetryPolicy | None = None, health: Health | None = None,
+           on_group: Callable[[Any], None] | None = None) -> list:
+    """Wait for every slot's ranked group; a slot whose explorer died is sent again after a backoff.
+    `on_group(group)` runs as each group arrives (streamed regeneration)."""
     retry, health = retry or RetryPolicy(), health or Health()
     groups: dict[int, Any] = {}
     waiting: list[tuple[float, Task]] = []  # (when to re-send, task)
@@ -177,6 +186,8 @@ def gather(job: Job, iteration: int, pending: dict, version: int, stats: dict,
         try:
             groups[task.slot] = ray.get(ready[0])
             health.deaths[task.explorer] = 0
+            if on_group is not None:
+                on_group(groups[task.slot])
         except RayActorError as exc:
             now = time.monotonic()
             restarting = RESTARTING in str(exc)
@@ -232,6 +243,7 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
     retry = RetryPolicy(config.cluster.explorers.max_crashes, config.cluster.explorers.restart_timeout_s)
     health = Health()
     prompt_set = load_prompts(config.prompts.source)
+    stream_regeneration = config.cluster.stream_regeneration and ALGORITHMS[config.learner.algorithm].remote_explore
 
     def prompts(iteration: int) -> list[str]:  # a pure function: no need to ask the (busy) learner
         return prompts_for(prompt_set, config.run.seed, iteration, config.prompts.per_iteration)
@@ -242,20 +254,28 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
         tick = time.perf_counter()
         ray.get(job.learner.ensure_published.remote())  # a restarted sync service gets the newest again
         slots = list(enumerate(prompts(iteration)))
+        streamed: list[ray.ObjectRef] = []
+
+        def stream(group, iteration=iteration, version=version, streamed=streamed) -> None:  # while others explore
+            if stream_regeneration and not (asynchronous and version - group.policy_version > lag):
+                streamed.append(job.learner.regenerate.remote(iteration, group))
+
         pending, explored_with = prefetched or (dispatch(job, iteration, slots, version, health), version)
-        groups = gather(job, iteration, pending, explored_with, stats, retry, health)
+        groups = gather(job, iteration, pending, explored_with, stats, retry, health, on_group=stream)
         if asynchronous:  # drop groups explored with a policy more than `lag` versions old; explore again
             stale = [g.slot for g in groups if version - g.policy_version > lag]
             if stale:
                 stats["dropped_groups"] = len(stale)
                 again = dispatch(job, iteration, [slots[s] for s in stale], version, health)
-                fresh = {g.slot: g for g in gather(job, iteration, again, version, stats, retry, health)}
+                fresh = {g.slot: g for g in gather(job, iteration, again, version, stats, retry, health,
+                                                   on_group=stream)}
                 groups = [fresh.get(g.slot, g) if g.slot in stale else g for g in groups]
         waited = time.perf_counter() - tick
         explore_s = max(g.seconds for g in groups) if groups else 0.0
         stats.update({"explore_s": explore_s, "explore_wall_s": waited,
                       "policy_lag": max((version - g.policy_version for g in groups), default=0),
                       "candidates_per_second": sum(len(g.seeds) for g in groups) / max(waited, 1e-9)})
+        ray.get(streamed)  # a streamed regeneration's error surfaces here, not as a silent recompute
         train_ref = job.learner.train.remote(iteration, groups)
         prefetched = None
         if asynchronous and iteration + 1 < config.run.iterations:

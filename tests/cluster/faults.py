@@ -97,3 +97,16 @@ def die_scoring_once(scorer) -> None:
         return reward.score_and_details(*args, **kwargs)
 
     reward.score_and_details = dying
+
+
+def delay_explore(explorer, seconds: float) -> None:
+    """This explorer answers each explore call `seconds` late (its group arrives after the others)."""
+    import time
+
+    sync = explorer.sync  # Ray looks actor methods up on the class: wrap what `explore` calls first
+
+    def late(*args, **kwargs):
+        time.sleep(seconds)
+        return sync(*args, **kwargs)
+
+    explorer.sync = late

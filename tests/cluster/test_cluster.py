@@ -16,7 +16,14 @@ import sys
 import pytest
 import ray
 import torch
-from faults import die_in_update, die_on_explore_call, die_writing_checkpoint, nan_loss_for_one_update, nan_reward_once
+from faults import (
+    delay_explore,
+    die_in_update,
+    die_on_explore_call,
+    die_writing_checkpoint,
+    nan_loss_for_one_update,
+    nan_reward_once,
+)
 from jobs import assert_same, final_weights, run_job, single_process
 from tiny import tiny_config, tiny_sets
 
@@ -46,6 +53,24 @@ def test_one_and_two_explorers_give_the_single_process_weights(local_ray, tmp_pa
     assert [m["iteration"] for m in history] == [0, 1] and history[-1]["policy_version"] == 2
     assert all("rank_spearman" in m for m in history)
     assert 0 < history[1]["learner_idle_fraction"] < 1  # it waited for the explorers of iteration 1
+
+
+def test_streamed_regeneration_follows_arrival_order_and_changes_nothing(local_ray, tmp_path, reference_weights):
+    """Slot 0's explorer answers late: the learner regenerates slot 1 first, while slot 0 is explored, and
+    the weights are bitwise those of the single process (and of a run that does not stream)."""
+
+    def slow_first_explorer(job, status) -> None:
+        ray.get(job.explorers[0].__ray_call__.remote(delay_explore, 3.0))
+
+    streamed, history = run_job(config("cluster.explorers.count=2"), tmp_path / "streamed",
+                                on_start=slow_first_explorer)
+    assert [m["streamed_slots"] for m in history] == [[1, 0], [1, 0]]
+    assert all(m["streamed_rollout_s"] > 0 for m in history)
+    assert_same(streamed, reference_weights)
+    not_streamed, history = run_job(config("cluster.explorers.count=2", "cluster.stream_regeneration=false"),
+                                    tmp_path / "not_streamed")
+    assert [m["streamed_slots"] for m in history] == [[], []]
+    assert_same(not_streamed, reference_weights)
 
 
 def test_lora_codec_changes_nothing(local_ray, tmp_path, reference_weights):
