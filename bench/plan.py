@@ -1,0 +1,386 @@
+"""Capacity plan: how to split G GPUs between explorers and learners, from per-phase costs.
+
+    python -m bench.plan --gpus G [--model sd35_large|flux_dev|sana_1600m] [--costs FILE]
+                         [--learner-efficiency 1.0] [--json FILE]
+
+An iteration has three phases (learner/trainer.py, cluster/driver.py): explore (P prompts × N
+candidates × S_x steps, low precision, on explorers), regenerate (P × K kept seeds × S_r steps,
+full precision, on learners), train (P × K kept samples, on learners); then the learner publishes
+the new weights. The model prices each phase in GPU-seconds and lays it out on GPUs.
+
+Costs (GPU-seconds; one GPU busy for one second is one GPU-second):
+    c_x   explore_s_per_sample_step   one low-precision denoising step of one candidate (reward included)
+    c_r   regen_s_per_sample_step     one full-precision denoising step of one kept seed (reward included)
+    c_t   train_s_per_sample          training on one kept sample: all its trained timesteps, forward and
+                                      backward. Per sample, not per timestep: the paper reports training per
+                                      iteration only, at the presets' timestep_fraction; a run that changes it
+                                      should measure c_t again.
+    s     sync_s                      wall seconds per iteration to publish weights (optional, default 0)
+    o     overhead_s                  wall seconds per iteration of everything else (optional, default 0)
+
+Default costs, from the paper's Table 5 (8 GPUs, every GPU on each phase, synchronous), with
+P = 48, N = 96, K = 24, S_x = 6, S_r = 10 as in the presets:
+    sd35_large, measured per phase: explore 125 s, regenerate 62 s, train 240 s (427 s), naive BF16
+        rollout of 96 × 48 at 10 steps 451 s.
+        c_x = 125·8 / (48·96·6)   = 0.03617       c_r = 62·8 / (48·24·10) = 0.04306
+        c_t = 240·8 / (48·24)     = 1.6667        naive step c_b = 451·8 / (48·96·10) = 0.07830
+        so c_x / c_b = 0.46 (FP4 step vs BF16 step), c_r / c_b = 0.550, c_t / c_b = 21.29.
+    flux_dev and sana_1600m: only rollout totals are published: naive 274 s → Sol-RL 169 s (FLUX),
+        95 s → 76 s (SANA). Derived: c_b from the naive rollout as above; c_r and c_t as the same
+        multiples of c_b as SD3.5-L's (0.550 and 21.29: the regeneration pipeline and the
+        training-to-sampling ratio carry over); c_x takes the rest of the Sol-RL rollout:
+        c_x = (rollout·8 − P·K·S_r·c_r) / (P·N·S_x). This gives c_x / c_b = 0.80 for FLUX and 1.10
+        for SANA: at 512 px and 1.6B parameters the FP4 step saves little or nothing, and the
+        rollout gain comes from the fewer steps. Assumptions, not measurements: measure and pass --costs.
+
+Layout of one iteration (wall seconds; W_x = P·N·S_x·c_x, W_r = P·K·S_r·c_r, W_t = P·K·c_t;
+g = N·S_x·c_x one prompt's exploration on one GPU; r = K·S_r·c_r one prompt's regeneration):
+    A prompt's group is explored on one GPU (the driver's unit of work), so E explorers take
+        X(E) = ceil(P / E) · g.
+    Learners share regeneration and training data-parallel; each learner past the first adds e of a
+    learner (e = --learner-efficiency, 1: perfect), a speedup u(L) = 1 + (L − 1)·e:
+        R(L) = W_r / u(L),   Tr(L) = W_t / u(L).
+    colocated (the paper): all G GPUs do each phase in turn, T = W_x/G + (W_r + W_t)/u(G) + s + o
+        (at e = 1, (W_x + W_r + W_t)/G + s + o: 427 s for SD3.5-L on 8). Exploration is taken as
+        divisible: the paper's pipeline shards candidates over all GPUs, where this project's explorers
+        take whole prompts; with G dividing P it makes no difference.
+    split sync:            T = X(E) + R(L) + Tr(L) + s + o
+    split async:           T = max(X(E), R(L) + Tr(L) + s) + o   (explorers explore i + 1 while the
+                           learners regenerate and train i: the slower side sets the pace)
+    split sync, streamed:  the learners regenerate a prompt's kept seeds as soon as its ranked group
+                           arrives. Groups arrive in waves: wave w (1..ceil(P/E)) brings n_w groups at
+                           time w·g; the learners work through them in order, so regeneration ends at
+                           R_end = max over w of (w·g + (n_w + … + n_last) · r / u(L)),
+                           T = R_end + Tr(L) + s + o
+    split async, streamed: the same as async: in steady state each side already works all the time,
+                           streaming only shortens the first iteration.
+Idle fraction: 1 − (the side's GPU-seconds of work) / (its GPUs × T).
+
+Not modeled: memory (a learner holds the full BF16 model, optimizer state and activations of
+training; an explorer the FP4 engine and the reward models; the colocated layout holds both on every
+GPU, or swaps them), weight sync and quantization unless given as sync_s, the policy lag of async
+mode (explorers rank with weights one version old), evaluation and checkpoints, stragglers, and
+learners' granularity (regeneration and training are taken as divisible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+Mode = Literal["sync", "async"]
+MODELS = ("sd35_large", "flux_dev", "sana_1600m")
+PAPER_GPUS = 8
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-phase costs in GPU-seconds; sync_s and overhead_s are wall seconds per iteration."""
+
+    explore_s_per_sample_step: float
+    regen_s_per_sample_step: float
+    train_s_per_sample: float
+    sync_s: float = 0.0
+    overhead_s: float = 0.0
+
+
+REQUIRED = ("explore_s_per_sample_step", "regen_s_per_sample_step", "train_s_per_sample")
+FIELD_HELP = {
+    "explore_s_per_sample_step": "GPU-seconds of one low-precision denoising step of one candidate",
+    "regen_s_per_sample_step": "GPU-seconds of one full-precision denoising step of one kept seed",
+    "train_s_per_sample": "GPU-seconds to train on one kept sample, all its trained timesteps",
+    "sync_s": "wall seconds per iteration to publish weights",
+    "overhead_s": "wall seconds per iteration outside the three phases",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One iteration's amounts: prompts P, candidates N, kept K, explore steps S_x, regeneration steps S_r."""
+
+    prompts: int
+    candidates: int
+    keep: int
+    explore_steps: int
+    regen_steps: int
+
+
+PAPER_SHAPE = Shape(prompts=48, candidates=96, keep=24, explore_steps=6, regen_steps=10)
+# Table 5, seconds per iteration on 8 GPUs: the naive BF16 rollout and Sol-RL's rollout (explore + regenerate).
+PAPER_ROLLOUT_S = {"sd35_large": (451.0, 187.0), "flux_dev": (274.0, 169.0), "sana_1600m": (95.0, 76.0)}
+SD35_PHASES_S = {"explore": 125.0, "regen": 62.0, "train": 240.0}
+PAPER_COLOCATED_S = 427.0  # SD3.5-L, Sol-RL end to end
+
+
+class PlanError(ValueError):
+    """Bad input to the plan, stated with the fix."""
+
+
+def paper_costs(model: str) -> Costs:
+    """The default costs of `model`, derived from Table 5 as the module docstring shows."""
+    if model not in PAPER_ROLLOUT_S:
+        raise PlanError(f"unknown model {model!r}: the paper's Table 5 covers {', '.join(MODELS)}; "
+                        "pick one of them or pass measured costs with --costs FILE")
+    p, gpus = PAPER_SHAPE, PAPER_GPUS
+    explore = SD35_PHASES_S["explore"] * gpus / (p.prompts * p.candidates * p.explore_steps)
+    regen = SD35_PHASES_S["regen"] * gpus / (p.prompts * p.keep * p.regen_steps)
+    train = SD35_PHASES_S["train"] * gpus / (p.prompts * p.keep)
+    if model == "sd35_large":
+        return Costs(explore, regen, train)
+    sd35_step = PAPER_ROLLOUT_S["sd35_large"][0] * gpus / (p.prompts * p.candidates * p.regen_steps)
+    naive_s, rollout_s = PAPER_ROLLOUT_S[model]
+    step = naive_s * gpus / (p.prompts * p.candidates * p.regen_steps)
+    regen, train = regen / sd35_step * step, train / sd35_step * step
+    explore = (rollout_s * gpus - p.prompts * p.keep * p.regen_steps * regen) / (p.prompts * p.candidates
+                                                                                 * p.explore_steps)
+    return Costs(explore, regen, train)
+
+
+def load_costs(path: Path) -> Costs:
+    """Costs from a JSON file: the fields at the top level, or under "costs" (this tool's own --json output)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"costs file {path} does not exist; write one with the fields "
+                        f"{', '.join(REQUIRED)} (GPU-seconds)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlanError(f"costs file {path} is not valid JSON ({exc}); fix its syntax") from None
+    if isinstance(data, dict) and isinstance(data.get("costs"), dict):
+        data = data["costs"]
+    if not isinstance(data, dict):
+        raise PlanError(f"costs file {path}: the top level must be an object of fields, e.g. "
+                        '{"explore_s_per_sample_step": 0.036, "regen_s_per_sample_step": 0.043, '
+                        '"train_s_per_sample": 1.67}')
+    known = {f.name for f in fields(Costs)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise PlanError(f"costs file {path}: unknown field {unknown[0]!r}; the fields are {', '.join(sorted(known))}")
+    for name in REQUIRED:
+        if name not in data:
+            raise PlanError(f"costs file {path}: missing field {name!r} ({FIELD_HELP[name]}); add it, "
+                            "e.g. from a run's measured phase times or from this tool's --json output")
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise PlanError(f"costs file {path}: {name} must be a finite number >= 0 (given {value!r}); "
+                            f"it is {FIELD_HELP[name]}")
+    return Costs(**{k: float(v) for k, v in data.items()})
+
+
+def save_costs(costs: Costs, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(costs), indent=2) + "\n")
+
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def read_preset(model: str) -> tuple[Shape, int, Mode]:
+    """The preset's iteration amounts, its explorer count and its mode (configs/<model>.yaml; one learner)."""
+    from cluster.config import load_config  # pulls in torch: only the CLI needs it
+
+    config = load_config(CONFIGS / f"{model}.yaml")
+    shape = Shape(prompts=config.prompts.per_iteration, candidates=config.prompts.candidates,
+                  keep=config.prompts.keep, explore_steps=config.explore.steps or config.sampler.steps,
+                  regen_steps=config.sampler.steps)
+    return shape, config.cluster.explorers.count, config.cluster.mode
+
+
+# The formulas, on numbers.
+
+def work(costs: Costs, shape: Shape) -> tuple[float, float, float]:
+    """GPU-seconds per iteration: (W_x explore, W_r regenerate, W_t train)."""
+    s = shape
+    return (s.prompts * s.candidates * s.explore_steps * costs.explore_s_per_sample_step,
+            s.prompts * s.keep * s.regen_steps * costs.regen_s_per_sample_step,
+            s.prompts * s.keep * costs.train_s_per_sample)
+
+
+def speedup(learners: int, efficiency: float) -> float:
+    """u(L) = 1 + (L − 1)·e: each learner past the first adds e of a learner."""
+    return 1 + (learners - 1) * efficiency
+
+
+def explore_wall(prompts: int, group_s: float, explorers: int) -> float:
+    """X(E) = ceil(P / E) · g: a prompt's group is explored on one GPU."""
+    return math.ceil(prompts / explorers) * group_s
+
+
+def streamed_regen_end(prompts: int, explorers: int, group_s: float, regen_group_s: float) -> float:
+    """When the learners finish regenerating, taking each group as it arrives (regen_group_s: one
+    group's regeneration on all learners). Wave w brings min(E, P − (w − 1)E) groups at w·g."""
+    waves = math.ceil(prompts / explorers)
+    counts = [min(explorers, prompts - (w - 1) * explorers) for w in range(1, waves + 1)]
+    return max(w * group_s + sum(counts[w - 1:]) * regen_group_s for w in range(1, waves + 1))
+
+
+def colocated_s(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) -> float:
+    """The paper's layout: all G GPUs do each phase in turn."""
+    w_x, w_r, w_t = work(costs, shape)
+    return w_x / gpus + (w_r + w_t) / speedup(gpus, efficiency) + costs.sync_s + costs.overhead_s
+
+
+@dataclass(frozen=True)
+class Layout:
+    explorers: int
+    learners: int
+    mode: Mode
+    streamed: bool
+    seconds: float
+    explorer_idle: float
+    learner_idle: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.explorers}E+{self.learners}L"
+
+    @property
+    def mode_name(self) -> str:
+        return f"{self.mode}{', streamed' if self.streamed else ''}"
+
+
+def split_s(costs: Costs, shape: Shape, explorers: int, learners: int, mode: Mode, streamed: bool,
+            efficiency: float = 1.0) -> float:
+    """Iteration seconds of E explorers + L learners (the formulas of the module docstring)."""
+    _, w_r, w_t = work(costs, shape)
+    group = shape.candidates * shape.explore_steps * costs.explore_s_per_sample_step
+    u = speedup(learners, efficiency)
+    x, train = explore_wall(shape.prompts, group, explorers), w_t / u
+    if mode == "async":
+        return max(x, w_r / u + train + costs.sync_s) + costs.overhead_s
+    if streamed:
+        regen_group = shape.keep * shape.regen_steps * costs.regen_s_per_sample_step / u
+        return streamed_regen_end(shape.prompts, explorers, group, regen_group) + train + costs.sync_s \
+            + costs.overhead_s
+    return x + w_r / u + train + costs.sync_s + costs.overhead_s
+
+
+def layout(costs: Costs, shape: Shape, explorers: int, learners: int, mode: Mode, streamed: bool,
+           efficiency: float = 1.0) -> Layout:
+    w_x, w_r, w_t = work(costs, shape)
+    t = split_s(costs, shape, explorers, learners, mode, streamed, efficiency)
+    return Layout(explorers, learners, mode, streamed, t, 1 - w_x / (explorers * t), 1 - (w_r + w_t) / (learners * t))
+
+
+def check_gpus(gpus: int) -> None:
+    if gpus < 2:
+        raise PlanError(f"--gpus {gpus}: a split needs at least 2 GPUs (1 explorer + 1 learner); "
+                        "pass --gpus 2 or more")
+
+
+def check_efficiency(efficiency: float) -> None:
+    if not 0 < efficiency <= 1:
+        raise PlanError(f"--learner-efficiency {efficiency}: must be in (0, 1]; 1 is perfect data parallelism")
+
+
+VARIANTS: tuple[tuple[Mode, bool], ...] = (("sync", False), ("sync", True), ("async", False))
+
+
+def all_layouts(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) -> list[Layout]:
+    """Every split E + L = G (E, L ≥ 1) in every mode; async streamed equals async and is left out."""
+    check_gpus(gpus)
+    check_efficiency(efficiency)
+    return [layout(costs, shape, e, gpus - e, mode, streamed, efficiency)
+            for mode, streamed in VARIANTS for e in range(1, gpus)]
+
+
+def best_split(costs: Costs, shape: Shape, gpus: int, mode: Mode, streamed: bool, efficiency: float = 1.0) -> Layout:
+    """The fastest split in one mode. Async: X(E) never rises with E and the learners' side never falls,
+    so the optimum sits where they cross: a bisection on E, then the two splits around the crossing.
+    Sync: a sum of the two sides has no such structure with ceil(P / E) steps, so every split is tried."""
+    check_gpus(gpus)
+    check_efficiency(efficiency)
+
+    def at(e: int) -> Layout:
+        return layout(costs, shape, e, gpus - e, mode, streamed, efficiency)
+
+    if mode == "async":
+        group = shape.candidates * shape.explore_steps * costs.explore_s_per_sample_step
+        _, w_r, w_t = work(costs, shape)
+
+        def explorers_fast_enough(e: int) -> bool:
+            learner_side = (w_r + w_t) / speedup(gpus - e, efficiency) + costs.sync_s
+            return explore_wall(shape.prompts, group, e) <= learner_side
+
+        lo, hi = 1, gpus - 1  # the first E whose explorers keep up; hi if none does
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if explorers_fast_enough(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        candidates = [at(e) for e in {max(1, lo - 1), lo}]
+    else:
+        candidates = [at(e) for e in range(1, gpus)]
+    return min(candidates, key=lambda c: (c.seconds, c.explorers))
+
+
+def plan(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) -> dict[str, Any]:
+    """Every layout, the best per mode, and the colocated reference, as the JSON output holds them."""
+    layouts = all_layouts(costs, shape, gpus, efficiency)
+    reference = colocated_s(costs, shape, gpus, efficiency)
+    w_x, w_r, w_t = work(costs, shape)
+    colocated_idle = 1 - (w_x + w_r + w_t) / (gpus * reference)
+    best = {f"{m}{'_streamed' if s else ''}": best_split(costs, shape, gpus, m, s, efficiency) for m, s in VARIANTS}
+    row = lambda c: {**asdict(c), "vs_colocated": c.seconds / reference}  # noqa: E731
+    return {"gpus": gpus, "shape": asdict(shape), "costs": asdict(costs), "learner_efficiency": efficiency,
+            "colocated_s": reference, "colocated_idle": colocated_idle,
+            "layouts": [row(c) for c in layouts], "best": {k: row(c) for k, c in best.items()}}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    reference, idle = result["colocated_s"], result["colocated_idle"]
+    lines = ["| split | mode | iteration s | vs colocated | explorers idle | learners idle |",
+             "|---|---|---|---|---|---|",
+             f"| colocated {result['gpus']} GPUs | sync | {reference:.1f} | 1.00 | {idle:.0%} | {idle:.0%} |"]
+    for c in result["layouts"]:
+        mode = f"{c['mode']}{', streamed' if c['streamed'] else ''}"
+        lines.append(f"| {c['explorers']}E+{c['learners']}L | {mode} | {c['seconds']:.1f} | {c['vs_colocated']:.2f} | "
+                     f"{c['explorer_idle']:.0%} | {c['learner_idle']:.0%} |")
+    lines.append("")
+    for key, c in result["best"].items():
+        verdict = "beats" if c["seconds"] < reference - 1e-9 else "matches" if c["seconds"] <= reference + 1e-9 \
+            else "is slower than"
+        lines.append(f"best {key.replace('_', ' ')}: {c['explorers']}E+{c['learners']}L, {c['seconds']:.1f} s "
+                     f"({c['vs_colocated']:.2f}×): {verdict} colocated ({reference:.1f} s)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs in the job (explorers + learners)")
+    parser.add_argument("--model", choices=MODELS, default="sd35_large",
+                        help="preset (its prompts, N, K, steps) and the paper's costs for it")
+    parser.add_argument("--costs", type=Path, default=None, help="JSON of measured costs instead of the paper's")
+    parser.add_argument("--learner-efficiency", type=float, default=1.0,
+                        help="share of a learner each learner past the first adds (1: perfect data parallelism)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        costs = load_costs(args.costs) if args.costs is not None else paper_costs(args.model)
+        shape, preset_explorers, preset_mode = read_preset(args.model)
+        result = plan(costs, shape, args.gpus, args.learner_efficiency)
+    except PlanError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    result["model"] = args.model
+    result["costs_source"] = "file" if args.costs is not None else "paper Table 5"
+    print(f"{args.model}, {args.gpus} GPUs, costs from {result['costs_source']}")
+    print(format_table(result))
+    if preset_explorers + 1 == args.gpus:
+        preset = layout(costs, shape, preset_explorers, 1, preset_mode, False, args.learner_efficiency)
+        result["preset"] = {**asdict(preset), "vs_colocated": preset.seconds / result["colocated_s"]}
+        print(f"the preset's layout ({preset.name}, {preset.mode}): {preset.seconds:.1f} s "
+              f"({result['preset']['vs_colocated']:.2f}× colocated)")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
