@@ -2,11 +2,12 @@
 
     python -m bench.cluster_throughput [--iterations 4] --json FILE
 
-1. The embedded Sol-RL job on a local Ray, run side by side: 1 explorer sync, 2 explorers sync,
-   1 explorer async (max lag 1). Per run: candidates per second (explored candidates ÷ the wall time
-   the driver waited for them), learner idle fraction, the sync share of iteration time (learner's
-   publish + explorers' fetch/load ÷ iteration time), seconds per iteration. The first iteration
-   (actor start-up, first touches) is left out.
+1. The embedded Sol-RL job on a local Ray, run side by side: 1 explorer sync with and without streamed
+   regeneration, 2 explorers sync, 1 explorer async (max lag 1). Per run: candidates per second
+   (explored candidates ÷ the wall time the driver waited for them), learner idle fraction, the sync
+   share of iteration time (learner's publish + explorers' fetch/load ÷ iteration time), seconds per
+   iteration as the driver saw it (dispatch → finished). The first iteration (actor start-up, first
+   touches) is left out.
 2. Ranked-group records per second the driver sustains: explorers that answer instantly with a
    96-candidate group, so only dispatch, transport and gather are timed.
 On 2 cores the learner and the explorers share the CPUs: ratios show contention, not GPU scaling.
@@ -53,11 +54,12 @@ def records_per_second(slots: int = 2000, explorers: int = 2) -> float:
 def job_stats(history: list[dict]) -> dict[str, float]:
     steady = history[1:] or history
     mean = lambda key: float(np.mean([m.get(key, 0.0) or 0.0 for m in steady]))  # noqa: E731
-    iteration_s = float(np.mean([m["iteration_s"] + m.get("explore_wall_s", 0.0) for m in steady]))
+    iteration_s = mean("iteration_wall_s")
     return {"candidates_per_second": mean("candidates_per_second"),
             "learner_idle_fraction": mean("learner_idle_fraction"), "sync_s": mean("sync_s"),
             "iteration_s": iteration_s, "sync_share": mean("sync_s") / iteration_s,
-            "explore_wall_s": mean("explore_wall_s"), "train_s": mean("train_s"), "regen_s": mean("rollout_s")}
+            "explore_wall_s": mean("explore_wall_s"), "train_s": mean("train_s"), "regen_s": mean("rollout_s"),
+            "streamed_regen_s": mean("streamed_rollout_s")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
     variants = {
+        "1 explorer, sync, not streamed": ["cluster.explorers.count=1", "cluster.stream_regeneration=false"],
         "1 explorer, sync": ["cluster.explorers.count=1"],
         "2 explorers, sync": ["cluster.explorers.count=2"],
         "1 explorer, async (lag 1)": ["cluster.explorers.count=1", "cluster.mode=async"],

@@ -284,6 +284,7 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
         metrics = {**ray.get(train_ref), **stats}
         metrics["sync_s"] = ray.get(job.learner.publish.remote())["sync_s"]  # the new θ_old to every node
         metrics = ray.get(job.learner.finish_iteration.remote(metrics))
+        metrics["iteration_wall_s"] = time.perf_counter() - tick  # dispatch → finished, as the driver saw it
         version = metrics["policy_version"]
         history.append(metrics)
         log(progress_line(metrics))
