@@ -41,8 +41,9 @@ def progress_line(m: dict[str, Any]) -> str:
                                                              else ""))
     if "rank_spearman" in m and not math.isnan(m["rank_spearman"]):
         parts.append(f"ρ {m['rank_spearman']:.2f}")
-    timing = f"explore {m['explore_s']:.1f}s regen {m['rollout_s']:.1f}s" if "explore_s" in m \
-        else f"rollout {m['rollout_s']:.1f}s"
+    regen = m["rollout_s"] + m.get("streamed_rollout_s", 0.0)  # streamed: overlapped with exploration
+    timing = (f"explore {m['explore_s']:.1f}s regen {regen:.1f}s" + (" (streamed)" if m.get("streamed_slots") else "")
+              if "explore_s" in m else f"rollout {m['rollout_s']:.1f}s")
     parts.append(f"{timing} train {m['train_s']:.1f}s sync {m.get('sync_s', 0.0):.2f}s")
     if m.get("dropped_micro_batches"):
         parts.append(f"dropped {m['dropped_micro_batches']} micro-batch(es)")
