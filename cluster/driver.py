@@ -43,7 +43,7 @@ from learner.algorithms import ALGORITHMS
 from learner.rollouts import exploration_sampling
 from learner.run_log import progress_line
 from learner.trainer import prompts_for
-from weight_sync.service import start_services
+from weight_sync.service import start_services, stop_services
 
 HEALTH_CHECK_S = 5.0  # a gather that sees no result this long makes sure every sync service holds the newest
 BACKOFF_S = (0.5, 8.0)  # first wait before re-sending a lost slot, and the cap of its doubling
@@ -295,8 +295,10 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
 
 def stop(job: Job) -> None:
     """End the job's actors, its weight-sync services (their snapshots with them) and its placement."""
-    for actor in [job.learner, *job.explorers, *(job.scorers or []), *(job.services or {}).values()]:
+    for actor in [job.learner, *job.explorers, *(job.scorers or [])]:
         if actor is not None:
             ray.kill(actor, no_restart=True)
+    if job.services:  # after their readers and writer: each unlinks its shared-memory region now
+        stop_services(job.services)
     if job.placement is not None:
         remove_placement_group(job.placement)

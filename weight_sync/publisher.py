@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -11,6 +12,7 @@ import ray
 import torch
 
 from weight_sync.codecs import Codec, encode, payload_bytes
+from weight_sync.shm import Region
 
 
 class WeightPublisher:
@@ -21,11 +23,19 @@ class WeightPublisher:
     it (a plain process) the arrays travel as an argument and each service stores a copy.
     `quantize` names the tensors the `nvfp4` codec packs (the engine's quantized Linear weights).
     The newest snapshot is kept so a restarted (empty) service can be re-sent it (`republish`).
+
+    `shm` (default on): the service of this process's own node gets the snapshot through its shared-memory
+    region instead — written once here, mapped by the node's readers (`weight_sync.shm`); the services of
+    other nodes still take it through the object store. Checksums then guard against bugs and weakly
+    ordered CPUs; the region's sequence check already rejects torn reads.
     """
 
     def __init__(self, services: Mapping[str, Any], codec: Codec, quantize: Iterable[str] = (), source: Any = None,
-                 checksums: bool = True):
+                 checksums: bool = True, shm: bool = True):
         self.services = dict(services)
+        self.node = ray.get_runtime_context().get_node_id() if shm and ray.is_initialized() else None
+        self.local = self.node if self.node in self.services else None
+        self._region: Region | None = None
         self.checksums = checksums
         self.codec = codec
         self.quantize = tuple(quantize)
@@ -40,9 +50,30 @@ class WeightPublisher:
                                   checksums=self.checksums)
         self.version, self._manifest, self._arrays = version, manifest.to_json(), arrays
         encoded = time.perf_counter()
-        ray.get([self._send(service) for service in self.services.values()])
+        refs = [self._send(service) for node, service in self.services.items() if node != self.local]
+        if self.local is not None:
+            self._write_local()
+        ray.get(refs)
         return {"encode_s": encoded - start, "publish_s": time.perf_counter() - encoded,
                 "bytes": float(payload_bytes(arrays))}
+
+    def _write_local(self, force: bool = False) -> None:
+        """Write the newest snapshot into this node's region (asking the service for it when there is
+        none, it is too small, or the service replaced it: restarted, grown, stopped)."""
+        assert self._manifest is not None and self._arrays is not None
+        need = payload_bytes(self._arrays) + 64 * len(self._arrays) + 2 * len(json.dumps(self._manifest)) + 2**16
+        for _ in range(3):
+            region = self._region
+            if force or region is None or region.closed or region.capacity < need:
+                if region is not None:
+                    region.close()
+                name = ray.get(self.services[self.local].region.remote(need))
+                region = self._region = Region.attach(name)
+                force = False
+            region.write(self._manifest, self._arrays)
+            if not region.closed:
+                return
+        raise RuntimeError("the weight-sync service kept replacing its shared-memory region")
 
     def snapshot(self, version: int) -> dict[str, np.ndarray]:
         """The arrays of the newest snapshot, for a service pulling `version`."""
@@ -61,5 +92,8 @@ class WeightPublisher:
             return []
         versions = ray.get([s.version.remote() for s in self.services.values()])
         behind = [node for node, v in zip(self.services, versions, strict=True) if v < self.version]
-        ray.get([self._send(self.services[node]) for node in behind])
+        refs = [self._send(self.services[node]) for node in behind if node != self.local]
+        if self.local in behind:
+            self._write_local(force=True)  # a restarted service made a new region
+        ray.get(refs)
         return behind

@@ -12,26 +12,81 @@ Snapshots are immutable Ray objects, so a reader can never see a torn or mixed v
 increase; all but the newest `keep` are released. The service is restartable (max_restarts=-1): a
 restarted one is empty and answers version -1 until the learner republishes to it. It is a threaded
 actor, so readers are served while a publish waits for its object.
+
+On the learner's own node the snapshot skips the object store: the service owns a two-slot shared-memory
+region (`weight_sync.shm`; `region(nbytes)` creates or grows it), the learner writes each snapshot into
+it once, and readers map it and verify a sequence number after reading. `latest`/`get` then answer a
+marker `{"shm": region name, "version": v}` instead of an object reference. The region is named after
+the job's tag and the node; it is unlinked by `stop()`, by `__del__`, by a detached watchdog process if the
+service process is killed (`weight_sync.shm.Watchdog`), and by a restarted service (stale regions of its
+tag and node).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import uuid
 from typing import Any
 
 import numpy as np
 import ray
 
 from weight_sync.codecs import Manifest
+from weight_sync.shm import Region, Watchdog, describe, region_prefix, remove_stale
 
 
 class WeightSyncService:
-    def __init__(self, keep: int = 2) -> None:
+    def __init__(self, keep: int = 2, tag: str = "") -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.keep = keep
+        self.tag = tag
+        self.node = ray.get_runtime_context().get_node_id()
         self._snapshots: dict[int, tuple[dict, ray.ObjectRef]] = {}
         self._lock = threading.Lock()
+        self._region: Region | None = None
+        self._watchdog: Watchdog | None = None
+        remove_stale(tag, self.node)  # a killed predecessor's region (its tracker may not have run yet)
+
+    # -- the shared-memory path (readers on this node) ---------------------------------------------
+    def region(self, nbytes: int) -> str:
+        """The name of this node's region, created or grown so a slot holds `nbytes` (plus headroom).
+        Growing replaces it: the old one is marked closed and unlinked; mappers re-ask for the name."""
+        with self._lock:
+            if self._region is None or self._region.closed or self._region.capacity < nbytes:
+                old = self._region
+                name = f"{region_prefix(self.tag, self.node)}{uuid.uuid4().hex[:8]}"
+                if self._watchdog is None:
+                    self._watchdog = Watchdog()
+                self._region = Region.create(name, nbytes + nbytes // 8 + 2**16)
+                self._watchdog.tell("+", name)
+                if old is not None:
+                    old.unlink()
+                    self._watchdog.tell("-", old.name)
+            return self._region.name
+
+    def _shm_versions(self) -> tuple[int, int]:
+        return self._region.versions() if self._region is not None else (-1, -1)
+
+    def _marker(self, version: int) -> dict:
+        return {"shm": self._region.name, "version": version}  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        """Release everything: snapshots and the region (its name is unlinked; mappings stay valid)."""
+        with self._lock:
+            self._snapshots.clear()
+            if self._region is not None:
+                self._region.unlink()
+                self._region = None
+            if self._watchdog is not None:
+                self._watchdog.close()
+                self._watchdog = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._region is not None:
+                self._region.unlink()
 
     def publish(self, manifest: dict, arrays: dict[str, np.ndarray] | None = None, source: Any = None) -> int:
         """Hold a snapshot newer than any held (else ignore it: retries are idempotent); the newest version.
@@ -55,11 +110,16 @@ class WeightSyncService:
             return max(self._snapshots)
 
     def latest(self, after: int = -1) -> tuple[int, dict | None, list[ray.ObjectRef]]:
-        """The newest snapshot if its version is greater than `after`, else (version, None, [])."""
+        """The newest snapshot if its version is greater than `after`, else (version, None, []).
+        A snapshot in the region comes as (version, {"shm": name, "version": version}, [])."""
         with self._lock:
-            newest = max(self._snapshots, default=-1)
+            stored = max(self._snapshots, default=-1)
+            shm = self._shm_versions()[0]
+            newest = max(stored, shm)
             if newest <= after:
                 return newest, None, []
+            if shm == newest:
+                return newest, self._marker(newest), []
             manifest, ref = self._snapshots[newest]
         return newest, manifest, [ref]  # in a list, so Ray hands over the reference, not the arrays
 
@@ -67,19 +127,22 @@ class WeightSyncService:
         """(newest version, snapshot `version` if still held else None, [its ref]): async explorers load
         exactly the version they were asked for, even after a newer one arrived."""
         with self._lock:
-            newest = max(self._snapshots, default=-1)
-            if version not in self._snapshots:
-                return newest, None, []
-            manifest, ref = self._snapshots[version]
-        return newest, manifest, [ref]
+            shm = self._shm_versions()
+            newest = max(max(self._snapshots, default=-1), shm[0])
+            if version in self._snapshots:
+                manifest, ref = self._snapshots[version]
+                return newest, manifest, [ref]
+            if version >= 0 and version in shm:
+                return newest, self._marker(version), []
+            return newest, None, []
 
     def version(self) -> int:
         with self._lock:
-            return max(self._snapshots, default=-1)
+            return max(max(self._snapshots, default=-1), self._shm_versions()[0])
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return {"versions": sorted(self._snapshots), "node": ray.get_runtime_context().get_node_id()}
+            return {"versions": sorted(self._snapshots), "node": self.node, "shm": describe(self._region)}
 
 
 def service_name(node_id: str, tag: str = "") -> str:
@@ -104,5 +167,16 @@ def start_services(keep: int = 2, tag: str = "") -> dict[str, Any]:
             get_if_exists=True,
             lifetime=None,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(keep)
+        ).remote(keep, tag)
     return handles
+
+
+def stop_services(services: dict[str, Any], kill: bool = True) -> None:
+    """End a job's services: each unlinks its region, then (kill) the actor goes. Safe to call twice."""
+    refs = [s.stop.remote() for s in services.values()]
+    with contextlib.suppress(Exception):
+        ray.get(refs, timeout=30)
+    if kill:
+        for service in services.values():
+            with contextlib.suppress(Exception):
+                ray.kill(service, no_restart=True)

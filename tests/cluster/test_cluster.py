@@ -29,6 +29,7 @@ from tiny import tiny_config, tiny_sets
 
 from cluster import driver, launch
 from weight_sync.codecs import Manifest, decode
+from weight_sync.shm import Region
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("no_leftover_actors")]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # CrashingExplorer below runs in a worker
@@ -258,7 +259,15 @@ def test_nan_reward_and_nan_loss_skip_the_update_and_publish_nothing(local_ray, 
     try:
         service = next(iter(job.services.values()))
         version, manifest, refs = ray.get(service.latest.remote(-1))
-        state = decode(ray.get(refs[0]), Manifest.from_json(manifest))
+        if "shm" in manifest:  # on this node the snapshot lives in the service's shared-memory region
+            region = Region.attach(manifest["shm"])
+            try:
+                _, state = region.read(lambda m, arrays: decode({k: a.copy() for k, a in arrays.items()},
+                                                                Manifest.from_json(m)), version)
+            finally:
+                region.close()
+        else:
+            state = decode(ray.get(refs[0]), Manifest.from_json(manifest))
     finally:
         driver.stop(job)
     assert [bool(m.get("skipped")) for m in history] == [False, True, True, False]

@@ -18,6 +18,7 @@ from diffusion.quant import load_weights, nvfp4_fake_quant, quantize_model, quan
 from weight_sync.codecs import CorruptSnapshot, Manifest, decode, encode, payload_bytes
 from weight_sync.publisher import WeightPublisher
 from weight_sync.service import WeightSyncService, start_services
+from weight_sync.shm import Region
 from weight_sync.subscriber import WeightSubscriber, merge_lora
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Source actor below
@@ -158,8 +159,8 @@ def test_publish_fetch_and_restart_on_a_real_cluster(local_ray, restart_sync_ser
 class Source:
     """Publishes the way the learner actor does: the services pull each snapshot from this actor."""
 
-    def __init__(self, services) -> None:
-        self.publisher = WeightPublisher(services, "dense", source=ray.get_runtime_context().current_actor)
+    def __init__(self, services, shm: bool = False) -> None:
+        self.publisher = WeightPublisher(services, "dense", source=ray.get_runtime_context().current_actor, shm=shm)
 
     def publish(self, version: int) -> None:
         self.publisher.publish({f"w{i}": torch.full((256, 64), float(version) + i) for i in range(4)}, version)
@@ -169,13 +170,16 @@ class Source:
 
 
 @pytest.mark.ray
-def test_concurrent_publish_and_fetch_never_tear(local_ray):
+@pytest.mark.parametrize("shm", [False, True], ids=["object_store", "shared_memory"])
+def test_concurrent_publish_and_fetch_never_tear(local_ray, shm):
     """Two readers fetch whole snapshots while an actor publishes 40 versions: every tensor of every
     snapshot read belongs to the version it claims, versions never go back, and each reader saw at
-    least 10 different versions while the publishes ran (so it really read concurrently)."""
-    services = start_services(keep=2, tag="torn")
+    least 10 different versions while the publishes ran (so it really read concurrently). Through shared
+    memory, reads the writer overtook are retried (counted in `torn`), never handed out."""
+    services = start_services(keep=2, tag=f"torn{int(shm)}")
     service = next(iter(services.values()))
-    source = ray.remote(max_concurrency=2, num_cpus=0)(Source).remote(services)
+    source = ray.remote(max_concurrency=2, num_cpus=0)(Source).remote(services, shm)
+    torn = [0, 0]
     first, last = 100, 139
     errors: list[str] = []
     seen: list[set[int]] = [set(), set()]
@@ -183,12 +187,21 @@ def test_concurrent_publish_and_fetch_never_tear(local_ray):
     publishing.set()
 
     def reader(index: int) -> None:
-        newest = -1
+        newest, region = -1, None
         while publishing.is_set():
             version, manifest, refs = ray.get(service.latest.remote(-1))
             if manifest is None:
                 continue
-            state = decode(ray.get(refs[0]), Manifest.from_json(manifest))  # verifies every checksum
+            if "shm" in manifest:  # decode (verifying checksums) and copy out, then check the sequence
+                if region is None or region.name != manifest["shm"]:
+                    region = Region.attach(manifest["shm"])
+                read = region.read(lambda m, a: {k: v.clone() for k, v in decode(a, Manifest.from_json(m)).items()})
+                if read is None:
+                    continue
+                version, state = read
+                torn[index] = region.torn
+            else:
+                state = decode(ray.get(refs[0]), Manifest.from_json(manifest))  # verifies every checksum
             expected = {f"w{i}": torch.full((256, 64), float(version) + i) for i in range(4)}
             if state.keys() != expected.keys() or not all(torch.equal(state[k], expected[k]) for k in expected):
                 errors.append(f"v{version}: a snapshot mixing versions")
@@ -209,8 +222,11 @@ def test_concurrent_publish_and_fetch_never_tear(local_ray):
         publishing.clear()
         for t in threads:
             t.join()
+    print(f"{'shared memory' if shm else 'object store'}: torn reads retried {torn}, versions seen "
+          f"{[len(s) for s in seen]}")
     assert not errors, errors[:3]
     assert all(len(s) >= 10 for s in seen), [len(s) for s in seen]
     assert ray.get(service.version.remote()) == last
+    assert ("shm" in ray.get(service.latest.remote(-1))[1]) == shm
     for actor in [source, *services.values()]:
         ray.kill(actor, no_restart=True)

@@ -1,0 +1,38 @@
+"""The GPU path's choice of route (everywhere) and its CUDA IPC handles (where a GPU is present)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from weight_sync.gpu import GPU_MIN_BYTES, export_ipc, import_ipc, ipc_env, plan_path
+
+
+def test_full_weight_payloads_on_a_gpu_go_gpu_to_gpu_and_the_rest_through_host_memory():
+    big, small = GPU_MIN_BYTES, GPU_MIN_BYTES - 1
+    assert plan_path("a", "a", big, on_gpu=True) == "cuda_ipc"
+    assert plan_path("a", "b", big, on_gpu=True) == "nccl"
+    assert plan_path("a", "a", small, on_gpu=True) == "shm"
+    assert plan_path("a", "b", small, on_gpu=True) == "object_store"
+    assert plan_path("a", "a", big, on_gpu=False) == "shm"
+    assert ipc_env()["env_vars"]["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_cpu_tensors_cannot_travel_by_cuda_ipc():
+    with pytest.raises(ValueError, match="not on a GPU"):
+        export_ipc({"w": torch.zeros(2)})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU")
+def test_cuda_ipc_handles_copy_into_preallocated_engine_tensors():
+    import pickle
+
+    import torch.multiprocessing as mp
+
+    source = {"w": torch.arange(1024, dtype=torch.float32, device="cuda")}
+    handles = pickle.loads(pickle.dumps(export_ipc(source)))
+    target = {"w": torch.zeros(1024, device="cuda")}
+    # In one process torch rebuilds the very storage; across processes the same call opens the handle.
+    import_ipc(handles, into=target)
+    assert torch.equal(target["w"], source["w"])
+    assert mp.get_sharing_strategy() in mp.get_all_sharing_strategies()
