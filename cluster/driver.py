@@ -273,6 +273,7 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
         waited = time.perf_counter() - tick
         explore_s = max(g.seconds for g in groups) if groups else 0.0
         stats.update({"explore_s": explore_s, "explore_wall_s": waited,
+                      "explore_busy_s": sum(g.seconds for g in groups),  # all explorers' sampling seconds
                       "policy_lag": max((version - g.policy_version for g in groups), default=0),
                       "candidates_per_second": sum(len(g.seeds) for g in groups) / max(waited, 1e-9)})
         ray.get(streamed)  # a streamed regeneration's error surfaces here, not as a silent recompute

@@ -33,6 +33,7 @@ from cluster.check import format_rows, run_checks
 from cluster.config import ConfigError, SolRLConfig, load_config
 from cluster.local_ray import LocalRay, reap_orphans
 from cluster.preflight import check_inputs
+from cluster.run_costs import measured_costs
 
 SEEDS_PER_PROMPT = 6
 # Ray sets this in the entrypoint of `ray job submit`, whose current directory is a temporary copy.
@@ -164,6 +165,10 @@ def finish(config: SolRLConfig, run_dir: Path, job) -> dict:
                "mean_iteration_s": sum(m["iteration_s"] for m in full) / max(len(full), 1)}
     if full:
         summary["reward_curve"] = str(save_reward_curve(full, run_dir / "reward_curve.png", base=base or None))
+    costs = measured_costs(config, full)
+    if costs is not None:  # what this run measured, for python -m bench.plan --costs
+        (run_dir / "costs.json").write_text(json.dumps(costs, indent=2) + "\n")
+        summary["costs"] = str(run_dir / "costs.json")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

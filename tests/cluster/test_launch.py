@@ -15,6 +15,7 @@ import psutil
 import pytest
 from tiny import tiny_sets
 
+from bench.plan import load_costs
 from cluster.config import ConfigError, load_config
 from cluster.launch import IN_RAY_JOB, run_directory
 
@@ -76,6 +77,10 @@ def test_a_clean_local_run_removes_its_ray_folder_and_prints_where_it_is(tmp_pat
     assert summary["iterations"] == 1 and summary["samples"] == str(tmp_path / "run" / "samples.png")
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert {"reward_digit_alignment", "reward_jpeg_compressibility"} <= metrics.keys()
+    # the run's measured phase costs, in the format the capacity model reads (python -m bench.plan --costs)
+    costs = load_costs(tmp_path / "run" / "costs.json")
+    assert costs.explore_s_per_sample_step > 0 and costs.regen_s_per_sample_step > 0 and costs.train_s_per_sample > 0
+    assert summary["costs"] == str(tmp_path / "run" / "costs.json")
 
 
 @pytest.mark.ray
