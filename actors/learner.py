@@ -9,6 +9,12 @@ checkpoint, dashboard metrics).
 Two concurrency groups: the default one runs those calls one at a time, in the order the driver sent
 them (they share the model); "sync" serves the weight-sync services' `snapshot` pulls (and republishing)
 while a long `train` runs.
+
+A learner group (`cluster.learner.count` = L) is L of these actors, one per GPU, joined in one
+`torch.distributed` process group (`learner.data_parallel`): the driver sends `start`, `train`,
+`publish` and `finish_iteration` to every rank and each slot's `regenerate` to the rank that owns it.
+Only rank 0 evaluates, logs, checkpoints and publishes to the weight-sync services; every rank resumes
+from rank 0's checkpoint (the run directory must be on storage every learner node reads).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import torch
 from actors.metrics import LearnerMetrics
 from actors.reward_scorer import RemoteReward
 from diffusion.explore import ExplorePlan
+from learner import data_parallel
+from learner.data_parallel import Shard
 from learner.rollouts import Group, RankedGroup
 from learner.trainer import Trainer
 from weight_sync.publisher import WeightPublisher
@@ -45,23 +53,38 @@ def codec_for(plan: ExplorePlan, requested: str) -> str:
 
 class Learner:
     def __init__(self, config, run_dir: str | None, services: dict[str, Any], *, resume: bool | str = False,
-                 codec: str = "auto", threads: int = 1, scorers: list | None = None) -> None:
+                 codec: str = "auto", threads: int = 1, scorers: list | None = None, rank: int = 0,
+                 world: int = 1) -> None:
         """`services`: node id → that node's WeightSyncService (this job's own); `scorers`: RewardScorer
-        actors that hold the reward models (None: the trainer loads them here)."""
+        actors that hold the reward models (None: the trainer loads them here); `rank` of `world`: this
+        actor's place in the learner group (the driver then calls `join` on every rank)."""
         torch.set_num_threads(threads)
+        self.shard = Shard(rank, world)
         reward = RemoteReward(scorers, config.reward) if scorers else None
-        self.trainer = Trainer(config, run_dir, remote_explorers=True, reward=reward)
+        self.trainer = Trainer(config, run_dir if self.shard.main else None, remote_explorers=True, reward=reward,
+                               shard=self.shard)
         self.codec = codec_for(self.trainer.explore_plan, codec)
         # The services pull snapshots from this actor (it runs with max_concurrency > 1) and so own them.
         self.publisher = WeightPublisher(services, self.codec, quantize=self.trainer.explore_plan.quantized_weights,
-                                         source=ray.get_runtime_context().current_actor)
+                                         source=ray.get_runtime_context().current_actor) if self.shard.main else None
+        if resume is True and not self.shard.main:  # every rank reads rank 0's checkpoint
+            resume = str(Path(run_dir) / "checkpoint")
         self._resume = resume
-        self.metrics = LearnerMetrics()
+        self.metrics = LearnerMetrics() if self.shard.main else None
         self._last_end: float | None = None
         self._start = self._idle = 0.0
         self._streamed: dict[int, tuple[RankedGroup, Group]] = {}  # slot → (its ranked group, its rollout)
         self._streamed_s = 0.0
         self._streamed_order: list[int] = []
+
+    def address(self) -> str:
+        """Rank 0: the learner group's rendezvous address (a free port on this node)."""
+        return data_parallel.free_address()
+
+    def join(self, address: str, timeout_s: float) -> int:
+        """Join the learner group's process group (every rank at once); this rank."""
+        data_parallel.join(address, self.shard, timeout_s)
+        return self.shard.rank
 
     def start(self) -> dict[str, Any]:
         """Resume if asked (True: run_dir/checkpoint; a path: that checkpoint folder). The driver then
@@ -76,6 +99,9 @@ class Learner:
         the algorithm trains on low-precision samples): the driver's explicit step after each update."""
         start = time.perf_counter()
         trainer = self.trainer
+        if not self.shard.main:  # rank 0 publishes; another rank only loads a local engine it may hold
+            trainer.publish()
+            return {"version": trainer.version, "sync_s": time.perf_counter() - start}
         weights = trainer.sampling_weights()
         if self.codec == "lora":  # only the sampling adapter travels; explorers merge it into their base
             state = trainer.state
@@ -93,7 +119,8 @@ class Learner:
         return self.publisher.snapshot(version)
 
     def status(self) -> dict[str, Any]:
-        return {"iteration": self.trainer.iteration, "version": self.trainer.version, "pid": os.getpid()}
+        return {"iteration": self.trainer.iteration, "version": self.trainer.version, "pid": os.getpid(),
+                "rank": self.shard.rank}
 
     @ray.method(concurrency_group="sync")
     def ensure_published(self) -> list[str]:
@@ -138,7 +165,8 @@ class Learner:
         self._last_end = time.perf_counter()
         # idle: waiting for explorers between two updates; busy: this update (with its evaluation)
         metrics["learner_idle_fraction"] = self._idle / max(self._idle + self._last_end - self._start, 1e-9)
-        self.metrics.record(metrics)
+        if self.metrics is not None:
+            self.metrics.record(metrics)
         return metrics
 
     def save_final(self, folder: str) -> dict[str, str]:

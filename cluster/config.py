@@ -36,6 +36,13 @@ class ExplorersConfig(ActorResources):
                                      "explorer (model load included) before the job ends")
 
 
+class LearnerGroupConfig(ActorResources):
+    count: int = Field(1, ge=1, description="learner ranks, one per GPU, in one torch.distributed group: each "
+                       "regenerates and trains on its share of the slots (learner.data_parallel)")
+    collective_timeout_s: float = Field(1800.0, gt=0, description="a learner collective waiting this long "
+                                        "raises instead of hanging (the driver ends the job at once anyway)")
+
+
 class ScorersConfig(ActorResources):
     count: int = Field(0, ge=0, description="RewardScorer actors holding the reward models; 0: explorers and "
                        "the learner load the rewards beside their diffusion model")
@@ -55,12 +62,13 @@ class ClusterConfig(BaseModel):
     stream_regeneration: bool = Field(True, description="the learner regenerates a slot's kept seeds as soon as "
                                       "its ranked group arrives, while the other slots are explored (sol_rl)")
     explorers: ExplorersConfig = ExplorersConfig()
-    learner: ActorResources = ActorResources()
+    learner: LearnerGroupConfig = LearnerGroupConfig()
     scorers: ScorersConfig = ScorersConfig()
 
     def bundles(self) -> list[dict[str, float]]:
-        """The job's placement-group bundles in actor order: the learner, each explorer, each scorer."""
-        actors = [self.learner] + [self.explorers] * self.explorers.count + [self.scorers] * self.scorers.count
+        """The job's placement-group bundles in actor order: each learner rank, each explorer, each scorer."""
+        actors = ([self.learner] * self.learner.count + [self.explorers] * self.explorers.count
+                  + [self.scorers] * self.scorers.count)
         return [{"CPU": a.num_cpus, "GPU": a.num_gpus} for a in actors]
 
     def total(self, resource: str) -> float:
@@ -98,6 +106,12 @@ def cross_field_problem(config: SolRLConfig) -> tuple[tuple[str, ...], str] | No
         return ("learner.art.pairwise", "prompts.keep"), (
             f"learner.art.pairwise (true) needs prompts.keep = 2 (given {p.keep}): pairwise scores compare one "
             "winner with one loser per prompt; set prompts.keep=2 or learner.art.pairwise=false"
+        )
+    if config.cluster.learner.count > p.per_iteration:
+        return ("cluster.learner.count", "prompts.per_iteration"), (
+            f"cluster.learner.count ({config.cluster.learner.count}) must be <= prompts.per_iteration "
+            f"({p.per_iteration}): each learner rank trains on whole prompt slots; lower the count or raise "
+            "prompts.per_iteration"
         )
     if codec == "lora" and training.mode != "lora":
         return ("cluster.codec", "training.mode"), (

@@ -2,10 +2,12 @@
 
     for iteration i:   prompts(i) → one slot per prompt → explorers (round robin)
                        ← ranked groups (seeds + proxy rewards, a few KB each), each streamed at once to
-                       learner.regenerate(i, group)  select → regenerate that slot while others explore
-                       learner.train(i, groups)      (any slot not streamed) → update → new policy version
-                       learner.publish()             θ_old → every node's weight-sync service
-                       learner.finish_iteration(m)   evaluate when due, log, checkpoint
+                       learner[slot mod L].regenerate(i, group)  select → regenerate it while others explore
+                       every rank: train(i, groups)  (its slots not streamed) → update → new policy version
+                       every rank: publish()         rank 0: θ_old → every node's weight-sync service
+                       every rank: finish_iteration  rank 0: evaluate when due, log, checkpoint
+A learner group of L ranks shares each update through torch.distributed (`learner.data_parallel`); a
+rank that dies ends the job at once with `LearnerDied` (resumable), not a hang in a collective.
 Sync mode (the paper): iteration i's slots are explored with the policy of version v_i, the learner's.
 Async mode: while the learner trains on i, explorers already explore i + 1 with version v_i — exactly
 that version (the services keep the last two), so an async run is as reproducible as a sync one.
@@ -40,6 +42,7 @@ from actors.reward_scorer import RewardScorer
 from cluster.config import SolRLConfig
 from diffusion.prompts import load_prompts
 from learner.algorithms import ALGORITHMS
+from learner.data_parallel import owner_of
 from learner.rollouts import exploration_sampling
 from learner.run_log import progress_line
 from learner.trainer import prompts_for
@@ -51,17 +54,29 @@ BACKOFF_S = (0.5, 8.0)  # first wait before re-sending a lost slot, and the cap 
 RESTARTING = "actor is restarting"
 
 
-class ExplorerCrashLoop(RuntimeError):
+class JobFailed(RuntimeError):
+    """The job cannot go on; the run resumes from its last checkpoint."""
+
+
+class ExplorerCrashLoop(JobFailed):
     """An explorer keeps dying: retrying would never end."""
+
+
+class LearnerDied(JobFailed):
+    """A learner rank died: the others would wait for it in their next collective."""
 
 
 @dataclass
 class Job:
-    learner: Any
+    learners: list[Any]  # the learner group's ranks; rank 0 publishes, checkpoints and answers queries
     explorers: list[Any]
     placement: Any
     services: dict[str, Any] | None = None
     scorers: list[Any] | None = None
+
+    @property
+    def learner(self) -> Any:
+        return self.learners[0] if self.learners else None
 
 
 @dataclass
@@ -96,10 +111,10 @@ class Health:
 
 
 def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
-    """Weight-sync services (one per node, private to this job), a placement group, the learner, E explorers
-    and S scorers. If any of it fails, what was started is stopped again."""
+    """Weight-sync services (one per node, private to this job), a placement group, L learner ranks joined in
+    one process group, E explorers and S scorers. If any of it fails, what was started is stopped again."""
     c = config.cluster
-    job = Job(learner=None, explorers=[], placement=None, services=start_services(tag=uuid.uuid4().hex[:8]))
+    job = Job(learners=[], explorers=[], placement=None, services=start_services(tag=uuid.uuid4().hex[:8]))
     try:
         job.placement = pg = placement_group(
             [{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in c.bundles()], strategy=c.placement_strategy)
@@ -117,20 +132,27 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
         job.scorers = [
             ray.remote(RewardScorer).options(
                 num_cpus=c.scorers.num_cpus, num_gpus=c.scorers.num_gpus, max_restarts=-1, max_task_retries=-1,
-                scheduling_strategy=place(1 + c.explorers.count + i),
+                scheduling_strategy=place(c.learner.count + c.explorers.count + i),
             ).remote(config.reward, max_batch=c.scorers.max_batch, max_wait_ms=c.scorers.max_wait_ms,
                      threads=c.scorers.threads)
             for i in range(c.scorers.count)
         ]
         # One call at a time, in the driver's order (they share the model); "sync": snapshot pulls during train.
-        job.learner = ray.remote(concurrency_groups={"sync": 1})(Learner).options(
-            num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(0),
-            max_concurrency=1,
-        ).remote(config, run_dir, job.services, resume=resume, codec=c.codec, threads=c.learner.threads,
-                 scorers=job.scorers or None)
+        job.learners = [
+            ray.remote(concurrency_groups={"sync": 1})(Learner).options(
+                num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(rank),
+                max_concurrency=1,
+            ).remote(config, run_dir, job.services, resume=resume, codec=c.codec, threads=c.learner.threads,
+                     scorers=job.scorers or None, rank=rank, world=c.learner.count)
+            for rank in range(c.learner.count)
+        ]
+        if c.learner.count > 1:
+            address = ray.get(job.learner.address.remote())
+            on_learners(job, "join", address, c.learner.collective_timeout_s)
         job.explorers = [
             ray.remote(Explorer).options(
-                num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus, scheduling_strategy=place(i + 1),
+                num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus,
+                scheduling_strategy=place(c.learner.count + i),
                 max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
             ).remote(config.model, config.explore, config.reward, job.services,
                      sampling=exploration_sampling(config), run_seed=config.run.seed,
@@ -142,6 +164,27 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
         stop(job)
         raise
     return job
+
+
+def on_learners(job: Job, method: str, *args: Any) -> list[Any]:
+    """Call `method` on every learner rank; their results in rank order."""
+    refs = {getattr(actor, method).remote(*args): rank for rank, actor in enumerate(job.learners)}
+    results = wait_learners(job, refs, method)
+    return [results[ref] for ref in refs]
+
+
+def wait_learners(job: Job, refs: dict[Any, int], method: str) -> dict[Any, Any]:
+    """Results of learner calls (ref → its rank). A rank that dies ends the job at once with `LearnerDied`
+    naming it, not after the others time out in a collective (the caller stops them)."""
+    results, pending = {}, list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            results[ready[0]] = ray.get(ready[0])
+        except RayActorError as exc:
+            raise LearnerDied(f"learner rank {refs[ready[0]]} of {len(job.learners)} died in {method}: "
+                              f"{str(exc).splitlines()[0]}") from exc
+    return results
 
 
 def dispatch(job: Job, iteration: int, slots: list[tuple[int, str]], version: int,
@@ -231,8 +274,8 @@ def run(config: SolRLConfig, run_dir: str | None, *, resume: bool | str = False,
 def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
           on_iteration: Callable[[Job, dict[str, Any]], None] | None,
           on_start: Callable[[Job, dict[str, Any]], None] | None, evaluate_base: bool) -> list[dict[str, Any]]:
-    status = ray.get(job.learner.start.remote())
-    ray.get(job.learner.publish.remote())  # the (resumed) sampling policy, before anything is explored
+    status = on_learners(job, "start")[0]
+    on_learners(job, "publish")  # the (resumed) sampling policy, before anything is explored
     if on_start is not None:
         on_start(job, status)
     if evaluate_base and status["iteration"] == 0:
@@ -254,11 +297,12 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
         tick = time.perf_counter()
         ray.get(job.learner.ensure_published.remote())  # a restarted sync service gets the newest again
         slots = list(enumerate(prompts(iteration)))
-        streamed: list[ray.ObjectRef] = []
+        streamed: dict[ray.ObjectRef, int] = {}  # → the rank regenerating
 
         def stream(group, iteration=iteration, version=version, streamed=streamed) -> None:  # while others explore
             if stream_regeneration and not (asynchronous and version - group.policy_version > lag):
-                streamed.append(job.learner.regenerate.remote(iteration, group))
+                rank = owner_of(group.slot, len(job.learners))
+                streamed[job.learners[rank].regenerate.remote(iteration, group)] = rank
 
         pending, explored_with = prefetched or (dispatch(job, iteration, slots, version, health), version)
         groups = gather(job, iteration, pending, explored_with, stats, retry, health, on_group=stream)
@@ -276,15 +320,14 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
                       "explore_busy_s": sum(g.seconds for g in groups),  # all explorers' sampling seconds
                       "policy_lag": max((version - g.policy_version for g in groups), default=0),
                       "candidates_per_second": sum(len(g.seeds) for g in groups) / max(waited, 1e-9)})
-        ray.get(streamed)  # a streamed regeneration's error surfaces here, not as a silent recompute
-        train_ref = job.learner.train.remote(iteration, groups)
+        wait_learners(job, streamed, "regenerate")  # a streamed regeneration's error surfaces here
         prefetched = None
-        if asynchronous and iteration + 1 < config.run.iterations:
+        if asynchronous and iteration + 1 < config.run.iterations:  # explorers run ahead while the group trains
             nxt = list(enumerate(prompts(iteration + 1)))
             prefetched = (dispatch(job, iteration + 1, nxt, version, health), version)
-        metrics = {**ray.get(train_ref), **stats}
-        metrics["sync_s"] = ray.get(job.learner.publish.remote())["sync_s"]  # the new θ_old to every node
-        metrics = ray.get(job.learner.finish_iteration.remote(metrics))
+        metrics = {**on_learners(job, "train", iteration, groups)[0], **stats}
+        metrics["sync_s"] = on_learners(job, "publish")[0]["sync_s"]  # the new θ_old to every node
+        metrics = on_learners(job, "finish_iteration", metrics)[0]
         metrics["iteration_wall_s"] = time.perf_counter() - tick  # dispatch → finished, as the driver saw it
         version = metrics["policy_version"]
         history.append(metrics)
@@ -296,7 +339,7 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
 
 def stop(job: Job) -> None:
     """End the job's actors, its weight-sync services (their snapshots with them) and its placement."""
-    for actor in [job.learner, *job.explorers, *(job.scorers or [])]:
+    for actor in [*job.learners, *job.explorers, *(job.scorers or [])]:
         if actor is not None:
             ray.kill(actor, no_restart=True)
     if job.services:  # after their readers and writer: each unlinks its shared-memory region now

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line)  # accuracy: only rewards that report one (the digit classifier alone)
         print(f"run directory: {run_dir}")
         clean = True
-    except driver.ExplorerCrashLoop as exc:
+    except driver.JobFailed as exc:
         print(f"error: {exc}. Fix the cause, then continue with: python -m cluster.launch --resume {run_dir}",
               file=sys.stderr)
         return 1

@@ -8,6 +8,10 @@ Each is an `ObjectiveSpec` in `OBJECTIVES`; the trainer calls `spec.advantages` 
 A micro-batch whose loss is NaN or ±inf is dropped (no backward; the official loop zeroes that loss,
 NVlabs/Sana `train_scripts/sol_rl/train_sd3.py`), the others still update; an update whose every
 micro-batch was dropped is skipped. Random choices come from the iteration's named seed streams.
+
+In a learner group (`learner.data_parallel`) an update sees its rank's slots only: draws that span the
+batch are made for the whole batch and sliced, loss weights are shares of the whole batch, and the
+gradients are summed over the ranks before the step.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from diffusion.policy import FlowPolicy
 from learner.advantages import compute_advantages
 from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows
 from learner.config import LearnerConfig
+from learner.data_parallel import ALONE, Shard
 from learner.objectives import nft_loss, trained_timestep_indices
 from learner.rollouts import Group
 from learner.training_state import TrainingState
@@ -40,6 +45,9 @@ class UpdateContext:
     sigmas: torch.Tensor  # the regeneration sampler's σ grid (steps + 1)
     run_seed: int
     iteration: int
+    slots: list[int]  # the batch slot of each group the update sees (this rank's, in a learner group)
+    batch_slots: int  # slots in the whole batch
+    shard: Shard = ALONE
 
     def generator(self, stream: Stream, index: int = 0) -> torch.Generator:
         return stream_generator(self.run_seed, self.iteration, stream, index)
@@ -53,8 +61,8 @@ class UpdateContext:
 class MicroBatches:
     """Accumulates weighted micro-batch losses into θ's gradients, dropping non-finite ones."""
 
-    def __init__(self, state: TrainingState) -> None:
-        self.state, self.total, self.kept, self.dropped = state, 0.0, 0, 0
+    def __init__(self, state: TrainingState, shard: Shard = ALONE) -> None:
+        self.state, self.shard, self.total, self.kept, self.dropped = state, shard, 0.0, 0, 0
 
     def backward(self, loss: torch.Tensor, weight: float) -> None:
         if not bool(torch.isfinite(loss.detach()).all()):
@@ -65,10 +73,14 @@ class MicroBatches:
         self.kept += 1
 
     def step(self) -> float:
-        """The optimizer step (gradient norm), or a skipped one when every micro-batch was dropped."""
+        """The optimizer step (gradient norm) on the whole batch's gradient, or a skipped one when every
+        micro-batch of every rank was dropped. The loss and the counts become the whole batch's."""
+        whole = self.shard.sum({"kept": self.kept, "dropped": self.dropped, "total": self.total})
+        self.kept, self.dropped, self.total = int(whole["kept"]), int(whole["dropped"]), whole["total"]
         if self.kept == 0:
             self.state.skip_step()
             return math.nan
+        self.shard.sum_gradients(list(self.state.theta_parameters().values()))
         return self.state.step(None)
 
 
@@ -82,13 +94,16 @@ def nft_update(ctx: UpdateContext, groups: list[Group], advantages: torch.Tensor
     advantages = advantages.flatten()
     x0 = torch.cat([g.samples.x0 for g in groups])
     prompts = [g.prompt for g in groups for _ in range(g.samples.x0.shape[0])]
+    keep = groups[0].samples.x0.shape[0]
+    rows = torch.cat([torch.arange(s * keep, (s + 1) * keep) for s in ctx.slots])  # in the whole batch
+    whole = (ctx.batch_slots * keep, *x0.shape[1:])
     sigmas = ctx.sigmas[:-1]  # the sampler's own timesteps
-    idx = trained_timestep_indices(len(x0), len(sigmas), cfg.timestep_fraction, ctx.generator(Stream.TIMESTEPS))
-    noise_g = ctx.generator(Stream.TRAIN_NOISE)
-    batches, count = MicroBatches(ctx.state), idx.numel()
+    idx = trained_timestep_indices(whole[0], len(sigmas), cfg.timestep_fraction, ctx.generator(Stream.TIMESTEPS))
+    batches, count = MicroBatches(ctx.state, ctx.shard), idx.numel()
+    idx, noise_g = idx[rows], ctx.generator(Stream.TRAIN_NOISE)
     for j in range(idx.shape[1]):
         t = sigmas[idx[:, j]]
-        eps = torch.randn(x0.shape, generator=noise_g)
+        eps = torch.randn(whole, generator=noise_g)[rows]
         x_t = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * eps
         for s in range(0, len(x0), cfg.micro_batch):
             mb = slice(s, s + cfg.micro_batch)
@@ -113,16 +128,24 @@ def art_advantages(rewards: torch.Tensor, learner: LearnerConfig) -> torch.Tenso
 
 def _art_windows(ctx: UpdateContext, groups: list[Group], scores: torch.Tensor) -> list[dict[str, Any]]:
     """Each prompt's K samples split into two disjoint windows; per window the visited states at the
-    trained timesteps, their σ and step, and the prompt's guidance G(c) from its full group."""
+    trained timesteps, their σ and step, the prompt's guidance G(c) from its full group, and how many
+    entries the window has in the whole batch (the splits and timesteps of every slot are drawn on every
+    rank, in slot order, so each slot's draws do not depend on the ranks)."""
+    mine = {slot: i for i, slot in enumerate(ctx.slots)}
     guidance = [art_guidance(g.samples.x0, scores[i]) for i, g in enumerate(groups)]
-    sigmas, idx_g = ctx.sigmas, ctx.generator(Stream.TIMESTEPS)
-    splits = [split_windows(g.samples.x0.shape[0], ctx.generator(Stream.WINDOWS, i)) for i, g in enumerate(groups)]
+    sigmas, idx_g, keep = ctx.sigmas, ctx.generator(Stream.TIMESTEPS), groups[0].samples.x0.shape[0]
+    splits = [split_windows(keep, ctx.generator(Stream.WINDOWS, slot)) for slot in range(ctx.batch_slots)]
     windows = []
     for w in range(2):
-        xs, ts, dts, gs, prompts = [], [], [], [], []
-        for i, g in enumerate(groups):
-            members = splits[i][w]
+        xs, ts, dts, gs, prompts, count = [], [], [], [], [], 0
+        for slot in range(ctx.batch_slots):
+            members = splits[slot][w]
             idx = trained_timestep_indices(len(members), len(sigmas) - 1, ctx.learner.timestep_fraction, idx_g)
+            count += idx.numel()
+            if slot not in mine:
+                continue
+            i = mine[slot]
+            g = groups[i]
             for row, k in enumerate(members.tolist()):
                 for step in idx[row].tolist():  # states the reverse ODE rollout visited
                     xs.append(g.samples.states[step][k])
@@ -131,7 +154,7 @@ def _art_windows(ctx: UpdateContext, groups: list[Group], scores: torch.Tensor) 
                     gs.append(guidance[i])
                     prompts.append(g.prompt)
         windows.append({"x_t": torch.stack(xs), "t": torch.stack(ts), "dt": torch.stack(dts),
-                        "guide": torch.stack(gs), "prompts": prompts})
+                        "guide": torch.stack(gs), "prompts": prompts, "count": count})
     return windows
 
 
@@ -149,8 +172,8 @@ def art_update(ctx: UpdateContext, groups: list[Group], scores: torch.Tensor) ->
         win["target"] = art_target(v_start, win["guide"].to(dev), art.guidance_scale)
     metrics: dict[str, float] = {"dropped_micro_batches": 0}
     for w, (win, restore) in enumerate(zip(windows, (0.0, art.restore_weight), strict=True)):
-        count, batches = len(win["prompts"]), MicroBatches(ctx.state)
-        for s in range(0, count, cfg.micro_batch):
+        count, batches = win["count"], MicroBatches(ctx.state, ctx.shard)
+        for s in range(0, len(win["prompts"]), cfg.micro_batch):
             mb = slice(s, s + cfg.micro_batch)
             t_mb = win["t"][mb].to(dev)
             with ctx.state.use("old") as model:  # the sampling policy: the restoration's anchor
@@ -162,8 +185,8 @@ def art_update(ctx: UpdateContext, groups: list[Group], scores: torch.Tensor) ->
                                       noise_level=art.noise_level)
                 batches.backward(loss, t_mb.shape[0] / count)
             metrics[f"window{w + 1}_masked_fraction"] = float(diag["masked_fraction"])
+        metrics[f"window{w + 1}_grad_norm"] = batches.step()  # first: the step makes the loss the batch's
         metrics[f"window{w + 1}_loss"] = batches.total
-        metrics[f"window{w + 1}_grad_norm"] = batches.step()
         metrics["dropped_micro_batches"] += batches.dropped
     metrics["loss"] = metrics["window1_loss"] + metrics["window2_loss"]
     return metrics

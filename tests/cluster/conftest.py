@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import ray
+from jobs import single_process
+from tiny import tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -22,3 +24,9 @@ def no_leftover_actors(local_ray):
         entry = name if isinstance(name, dict) else {"name": name, "namespace": None}
         ray.kill(ray.get_actor(entry["name"], namespace=entry.get("namespace")), no_restart=True)
     assert not left, f"named actors left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def reference_weights():
+    """The single-process trainer's weights at the Ray tests' tiny scale: what every job must reproduce."""
+    return single_process(tiny_config(ray=True))

@@ -40,11 +40,6 @@ def config(*overrides: str):
     return tiny_config(*overrides, ray=True)
 
 
-@pytest.fixture(scope="module")
-def reference_weights():
-    return single_process(config())
-
-
 # ---- equivalence ----------------------------------------------------------------------------------------
 def test_one_and_two_explorers_give_the_single_process_weights(local_ray, tmp_path, reference_weights):
     one, history = run_job(config("cluster.explorers.count=1"), tmp_path / "one")
@@ -160,7 +155,7 @@ def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, refere
         if metrics["iteration"] == 0:
             ray.get(job.learner.__ray_call__.remote(die_in_update))
 
-    with pytest.raises(ray.exceptions.RayActorError):
+    with pytest.raises(driver.LearnerDied, match="learner rank 0 of 1 died in train"):
         driver.run(cfg, str(run_dir), log=lambda _: None, evaluate_base=True, on_iteration=kill_in_second_update,
                    on_start=started)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -216,7 +211,7 @@ def test_learner_killed_while_writing_a_checkpoint_resumes_bitwise(local_ray, tm
     def arm(job, _status) -> None:
         ray.get(job.learner.__ray_call__.remote(die_writing_checkpoint, 2))
 
-    with pytest.raises(ray.exceptions.RayActorError):
+    with pytest.raises(driver.LearnerDied, match="learner rank 0 of 1 died in finish_iteration"):
         driver.run(cfg, str(run_dir), log=lambda _: None, on_start=arm)
     assert [json.loads(x)["iteration"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     assert json.loads((run_dir / "checkpoint" / "meta.json").read_text())["iteration"] == 1
