@@ -23,6 +23,8 @@ _LEARNER_GAUGES = {
     "policy_lag": "learner version minus the version a group was explored with (max)",
     "learner_idle_fraction": "share of the iteration the learner waited for explorers",
     "candidates_per_second": "explored candidates per second, all explorers",
+    "explorers": "explorer actors taking slots (cluster.control changes it while the job runs)",
+    "explorers_joining": "explorer actors still loading, joining at the next iteration",
 }
 
 

@@ -40,6 +40,7 @@ from actors.explorer import Explorer
 from actors.learner import Learner
 from actors.reward_scorer import RewardScorer
 from cluster.config import SolRLConfig
+from cluster.control import read_control
 from diffusion.prompts import load_prompts
 from learner.algorithms import ALGORITHMS
 from learner.data_parallel import owner_of
@@ -73,6 +74,9 @@ class Job:
     placement: Any
     services: dict[str, Any] | None = None
     scorers: list[Any] | None = None
+    bundles: list[int | None] = field(default_factory=list)  # each explorer's placement bundle (None: outside)
+    free_bundles: list[int] = field(default_factory=list)  # explorer bundles left by removed explorers
+    joining: dict[Any, tuple[Any, int | None]] = field(default_factory=dict)  # ready ref → loading (actor, bundle)
 
     @property
     def learner(self) -> Any:
@@ -149,21 +153,64 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
         if c.learner.count > 1:
             address = ray.get(job.learner.address.remote())
             on_learners(job, "join", address, c.learner.collective_timeout_s)
-        job.explorers = [
-            ray.remote(Explorer).options(
-                num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus,
-                scheduling_strategy=place(c.learner.count + i),
-                max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
-            ).remote(config.model, config.explore, config.reward, job.services,
-                     sampling=exploration_sampling(config), run_seed=config.run.seed,
-                     candidates=config.prompts.candidates, threads=c.explorers.threads,
-                     scorers=job.scorers or None, prompt_source=config.prompts.source)
-            for i in range(c.explorers.count)
-        ]
+        for i in range(c.explorers.count):
+            job.explorers.append(new_explorer(job, config, c.learner.count + i))
+            job.bundles.append(c.learner.count + i)
     except BaseException:
         stop(job)
         raise
     return job
+
+
+def new_explorer(job: Job, config: SolRLConfig, bundle: int | None) -> Any:
+    """An explorer actor in placement bundle `bundle` (None: wherever Ray finds room)."""
+    c = config.cluster
+    strategy = None if bundle is None else PlacementGroupSchedulingStrategy(
+        placement_group=job.placement, placement_group_bundle_index=bundle)
+    return ray.remote(Explorer).options(
+        num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus, scheduling_strategy=strategy,
+        max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
+    ).remote(config.model, config.explore, config.reward, job.services, sampling=exploration_sampling(config),
+             run_seed=config.run.seed, candidates=config.prompts.candidates, threads=c.explorers.threads,
+             scorers=job.scorers or None, prompt_source=config.prompts.source)
+
+
+def resize_explorers(job: Job, config: SolRLConfig, target: int, health: Health,
+                     log: Callable[[str], None]) -> dict[str, int]:
+    """Move toward `target` explorers (`cluster.control`); call only while no slot is in flight. New ones
+    load in the background and join here once ready; removed ones (still loading ones first, then the
+    newest) stop now. Seeds are derived, so who explores a slot changes nothing."""
+    before = len(job.explorers)
+    for ref in ray.wait(list(job.joining), num_returns=len(job.joining), timeout=0)[0] if job.joining else []:
+        actor, bundle = job.joining.pop(ref)
+        try:
+            ray.get(ref)
+        except RayActorError as exc:  # it could not start: its bundle goes back, the next read retries
+            log(f"a new explorer failed to start: {str(exc).splitlines()[0]}")
+            if bundle is not None:
+                job.free_bundles.append(bundle)
+            continue
+        job.explorers.append(actor)
+        job.bundles.append(bundle)
+    while len(job.explorers) + len(job.joining) < target:
+        bundle = job.free_bundles.pop(0) if job.free_bundles else None
+        actor = new_explorer(job, config, bundle)
+        job.joining[actor.pid.remote()] = (actor, bundle)
+    while job.joining and len(job.explorers) + len(job.joining) > target:
+        actor, bundle = job.joining.pop(next(reversed(job.joining)))
+        ray.kill(actor, no_restart=True)
+        if bundle is not None:
+            job.free_bundles.append(bundle)
+    while len(job.explorers) > max(target, 1):
+        ray.kill(job.explorers.pop(), no_restart=True)
+        bundle = job.bundles.pop()
+        if bundle is not None:
+            job.free_bundles.append(bundle)
+        health.deaths.pop(len(job.explorers), None)  # the index may be reused by a new explorer
+        health.mark.pop(len(job.explorers), None)
+    if len(job.explorers) != before:
+        log(f"explorers {before} → {len(job.explorers)}" + (f" ({len(job.joining)} loading)" if job.joining else ""))
+    return {"explorers": len(job.explorers), "explorers_joining": len(job.joining)}
 
 
 def on_learners(job: Job, method: str, *args: Any) -> list[Any]:
@@ -265,13 +312,13 @@ def run(config: SolRLConfig, run_dir: str | None, *, resume: bool | str = False,
     a fresh run first logs the base model's held-out reward. On an error the job's actors are stopped."""
     job = start(config, run_dir, resume)
     try:
-        return job, _loop(job, config, log, on_iteration, on_start, evaluate_base)
+        return job, _loop(job, config, run_dir, log, on_iteration, on_start, evaluate_base)
     except BaseException:
         stop(job)
         raise
 
 
-def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
+def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str], None],
           on_iteration: Callable[[Job, dict[str, Any]], None] | None,
           on_start: Callable[[Job, dict[str, Any]], None] | None, evaluate_base: bool) -> list[dict[str, Any]]:
     status = on_learners(job, "start")[0]
@@ -291,12 +338,27 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
     def prompts(iteration: int) -> list[str]:  # a pure function: no need to ask the (busy) learner
         return prompts_for(prompt_set, config.run.seed, iteration, config.prompts.per_iteration)
 
+    target, unreadable = config.cluster.explorers.count, None
+
+    def steer() -> dict[str, int]:  # the control file, read while no slot is in flight
+        nonlocal target, unreadable
+        if run_dir is not None:
+            try:
+                target = read_control(run_dir).explorers or target
+            except ValueError as exc:
+                if str(exc) != unreadable:
+                    log(f"ignoring the control file: {exc}")
+                unreadable = str(exc)
+        return resize_explorers(job, config, target, health, log)
+
     prefetched: tuple[dict, int] | None = None  # async: the next iteration's tasks and their version
     for iteration in range(status["iteration"], config.run.iterations):
         stats: dict[str, Any] = {}
         tick = time.perf_counter()
         ray.get(job.learner.ensure_published.remote())  # a restarted sync service gets the newest again
         slots = list(enumerate(prompts(iteration)))
+        if prefetched is None:
+            stats.update(steer())
         streamed: dict[ray.ObjectRef, int] = {}  # → the rank regenerating
 
         def stream(group, iteration=iteration, version=version, streamed=streamed) -> None:  # while others explore
@@ -323,6 +385,7 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
         wait_learners(job, streamed, "regenerate")  # a streamed regeneration's error surfaces here
         prefetched = None
         if asynchronous and iteration + 1 < config.run.iterations:  # explorers run ahead while the group trains
+            stats.update(steer())
             nxt = list(enumerate(prompts(iteration + 1)))
             prefetched = (dispatch(job, iteration + 1, nxt, version, health), version)
         metrics = {**on_learners(job, "train", iteration, groups)[0], **stats}
@@ -339,7 +402,7 @@ def _loop(job: Job, config: SolRLConfig, log: Callable[[str], None],
 
 def stop(job: Job) -> None:
     """End the job's actors, its weight-sync services (their snapshots with them) and its placement."""
-    for actor in [*job.learners, *job.explorers, *(job.scorers or [])]:
+    for actor in [*job.learners, *job.explorers, *(a for a, _ in job.joining.values()), *(job.scorers or [])]:
         if actor is not None:
             ray.kill(actor, no_restart=True)
     if job.services:  # after their readers and writer: each unlinks its shared-memory region now

@@ -27,7 +27,7 @@ from faults import (
 from jobs import assert_same, final_weights, run_job, single_process
 from tiny import tiny_config, tiny_sets
 
-from cluster import driver, launch
+from cluster import control, driver, launch
 from weight_sync.codecs import Manifest, decode
 from weight_sync.shm import Region
 
@@ -134,7 +134,7 @@ class CrashingExplorer:
 
 def test_a_crash_loop_ends_the_job_naming_the_explorer(local_ray):
     actor = CrashingExplorer.remote()
-    job = driver.Job(learner=None, explorers=[actor], placement=None)
+    job = driver.Job(learners=[], explorers=[actor], placement=None)
     stats: dict = {}
     pending = driver.dispatch(job, 4, [(0, "a handwritten digit one"), (1, "a handwritten digit two")], 0)
     with pytest.raises(driver.ExplorerCrashLoop, match=r"explorer 0 died 3 times in a row .*iteration 4"):
@@ -271,3 +271,29 @@ def test_nan_reward_and_nan_loss_skip_the_update_and_publish_nothing(local_ray, 
     assert [m["skipped_updates"] for m in history] == [0, 1, 2, 2]
     assert [m.get("dropped_micro_batches", 0) for m in history] == [0, 0, 1, 0]  # ⌊0.6·3⌋ = 1 trained timestep
     assert version == 2 and all(bool(torch.isfinite(t.float()).all()) for t in state.values())
+
+
+# ---- elastic explorers -----------------------------------------------------------------------------------
+def test_explorers_added_and_removed_while_the_job_runs_change_nothing(local_ray, tmp_path):
+    """The control file asks for 2 explorers before iteration 0 (the new one loads meanwhile and joins at
+    iteration 1), then for 1 again before iteration 2: the weights are those of the single process."""
+    cfg, run_dir = config("run.iterations=3"), tmp_path / "elastic"
+    seen: dict[int, int] = {}
+
+    def grow(job, _status) -> None:
+        assert control.main([str(run_dir), "--explorers", "2"]) == 0
+
+    def steer(job, metrics) -> None:
+        if metrics["iteration"] == 0:
+            ray.get([ref for ref in job.joining])  # the new explorer has loaded: it joins at iteration 1
+        if metrics["iteration"] == 1:
+            seen[1] = ray.get(job.explorers[1].pid.remote())
+            control.write_control(run_dir, explorers=1)
+
+    run_dir.mkdir()
+    weights, history = run_job(cfg, run_dir, on_start=grow, on_iteration=steer)
+    assert [m["explorers"] for m in history] == [1, 2, 1]
+    assert [m["explorers_joining"] for m in history] == [1, 0, 0]
+    assert_same(weights, single_process(cfg))
+    assert seen[1] > 0
+
