@@ -179,15 +179,17 @@ def save_costs(costs: Costs, path: Path) -> None:
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-def read_preset(model: str) -> tuple[Shape, int, Mode]:
-    """The preset's iteration amounts, its explorer count and its mode (configs/<model>.yaml; one learner)."""
+def read_preset(model: str) -> tuple[Shape, int, int, Mode, bool]:
+    """The preset's iteration amounts, its explorer and learner counts, its mode and whether it streams
+    regeneration (configs/<model>.yaml)."""
     from cluster.config import load_config  # pulls in torch: only the CLI needs it
 
     config = load_config(CONFIGS / f"{model}.yaml")
     shape = Shape(prompts=config.prompts.per_iteration, candidates=config.prompts.candidates,
                   keep=config.prompts.keep, explore_steps=config.explore.steps or config.sampler.steps,
                   regen_steps=config.sampler.steps)
-    return shape, config.cluster.explorers.count, config.cluster.mode
+    c = config.cluster
+    return shape, c.explorers.count, c.learner.count, c.mode, c.stream_regeneration and c.mode == "sync"
 
 
 # The formulas, on numbers.
@@ -362,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         costs = load_costs(args.costs) if args.costs is not None else paper_costs(args.model)
-        shape, preset_explorers, preset_mode = read_preset(args.model)
+        shape, preset_explorers, preset_learners, preset_mode, preset_streamed = read_preset(args.model)
         result = plan(costs, shape, args.gpus, args.learner_efficiency)
     except PlanError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
@@ -370,10 +372,11 @@ def main(argv: list[str] | None = None) -> None:
     result["costs_source"] = "file" if args.costs is not None else "paper Table 5"
     print(f"{args.model}, {args.gpus} GPUs, costs from {result['costs_source']}")
     print(format_table(result))
-    if preset_explorers + 1 == args.gpus:
-        preset = layout(costs, shape, preset_explorers, 1, preset_mode, False, args.learner_efficiency)
+    if preset_explorers + preset_learners == args.gpus:
+        preset = layout(costs, shape, preset_explorers, preset_learners, preset_mode, preset_streamed,
+                        args.learner_efficiency)
         result["preset"] = {**asdict(preset), "vs_colocated": preset.seconds / result["colocated_s"]}
-        print(f"the preset's layout ({preset.name}, {preset.mode}): {preset.seconds:.1f} s "
+        print(f"the preset's layout ({preset.name}, {preset.mode_name}): {preset.seconds:.1f} s "
               f"({result['preset']['vs_colocated']:.2f}× colocated)")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

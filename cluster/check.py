@@ -6,7 +6,7 @@ Checks, each a row of the printed table (exit 1 when any fails, 2 on a config er
 
 - inputs: prompt files, reward options, the model folder (every missing or unreadable file named, with
   the fix: `cluster.preflight.check_inputs`);
-- resources: the placement bundles (learner + explorers + scorers) against the Ray cluster's
+- resources: the placement bundles (learner ranks + explorers + scorers) against the Ray cluster's
   (`cluster.address` / RAY_ADDRESS), or, for a private local Ray, against this machine's GPUs;
 - backend: the explore backend this hardware allows for the precision (TE FP4 on Blackwell, modelopt on
   other CUDA GPUs, the project's on CPU);

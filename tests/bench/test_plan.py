@@ -158,11 +158,12 @@ def test_the_cli_prints_the_table_and_writes_json_that_feeds_back(tmp_path: Path
     assert "| colocated 8 GPUs | sync | 427.0 | 1.00 |" in out
     assert "| 3E+5L | async | 483.2 | 1.13 |" in out
     assert "best async: 3E+5L, 483.2 s" in out
-    assert "the preset's layout (7E+1L, sync)" in out
+    assert "the preset's layout (3E+5L, sync, streamed): 723.5 s" in out
     written = json.loads((tmp_path / "plan.json").read_text())
     assert written["costs"] == asdict(paper_costs("sd35_large"))
     assert len(written["layouts"]) == 3 * 7
-    assert written["preset"]["explorers"] == 7
+    assert (written["preset"]["explorers"], written["preset"]["learners"]) == (3, 5)
+    assert written["preset"]["seconds"] == written["best"]["sync_streamed"]["seconds"]
     main(["--gpus", "8", "--costs", str(tmp_path / "plan.json"), "--json", str(tmp_path / "again.json")])
     assert "costs from file" in capsys.readouterr().out
     again = json.loads((tmp_path / "again.json").read_text())
