@@ -44,6 +44,9 @@ g = N·S_x·c_x one prompt's exploration on one GPU; r = K·S_r·c_r one prompt'
         (at e = 1, (W_x + W_r + W_t)/G + s + o: 427 s for SD3.5-L on 8). Exploration is taken as
         divisible: the paper's pipeline shards candidates over all GPUs, where this project's explorers
         take whole prompts; with G dividing P it makes no difference.
+    colocated here: the same on this project's actors, G explorers + G learner ranks at half a GPU each
+                           (one of each per GPU), explorers taking whole prompts:
+                           T = X(G) + (W_r + W_t)/u(G) + s + o — equal to the above when G divides P
     split sync:            T = X(E) + R(L) + Tr(L) + s + o
     split async:           T = max(X(E), R(L) + Tr(L) + s) + o   (explorers explore i + 1 while the
                            learners regenerate and train i: the slower side sets the pace)
@@ -226,6 +229,14 @@ def colocated_s(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) 
     return w_x / gpus + (w_r + w_t) / speedup(gpus, efficiency) + costs.sync_s + costs.overhead_s
 
 
+def colocated_actors_s(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) -> float:
+    """The colocated layout as this project runs it: G explorers and G learner ranks sharing G GPUs."""
+    _, w_r, w_t = work(costs, shape)
+    group = shape.candidates * shape.explore_steps * costs.explore_s_per_sample_step
+    return explore_wall(shape.prompts, group, gpus) + (w_r + w_t) / speedup(gpus, efficiency) + costs.sync_s \
+        + costs.overhead_s
+
+
 @dataclass(frozen=True)
 class Layout:
     explorers: int
@@ -331,6 +342,7 @@ def plan(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) -> dict
     row = lambda c: {**asdict(c), "vs_colocated": c.seconds / reference}  # noqa: E731
     return {"gpus": gpus, "shape": asdict(shape), "costs": asdict(costs), "learner_efficiency": efficiency,
             "colocated_s": reference, "colocated_idle": colocated_idle,
+            "colocated_actors_s": colocated_actors_s(costs, shape, gpus, efficiency),
             "layouts": [row(c) for c in layouts], "best": {k: row(c) for k, c in best.items()}}
 
 
@@ -349,6 +361,10 @@ def format_table(result: dict[str, Any]) -> str:
             else "is slower than"
         lines.append(f"best {key.replace('_', ' ')}: {c['explorers']}E+{c['learners']}L, {c['seconds']:.1f} s "
                      f"({c['vs_colocated']:.2f}×): {verdict} colocated ({reference:.1f} s)")
+    g, t = result["gpus"], result["colocated_actors_s"]
+    lines.append(f"colocated on this project's actors ({g} explorers + {g} learner ranks, half a GPU each, sync): "
+                 f"{t:.1f} s ({t / reference:.2f}×); cluster.explorers {{count: {g}, num_gpus: 0.5}}, "
+                 f"cluster.learner {{count: {g}, num_gpus: 0.5}}")
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from bench.plan import (
     Shape,
     all_layouts,
     best_split,
+    colocated_actors_s,
     colocated_s,
     explore_wall,
     layout,
@@ -202,3 +203,12 @@ def test_bad_input_names_the_problem_and_the_fix(tmp_path: Path, capsys: pytest.
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(PlanError, match="not valid JSON"):
         load_costs(tmp_path / "broken.json")
+
+
+def test_colocated_actors_match_the_papers_layout_when_the_gpus_divide_the_prompts() -> None:
+    """G explorers + G learner ranks sharing G GPUs: explorers take whole prompts, so only G | P is exact."""
+    costs = paper_costs("sd35_large")
+    assert colocated_actors_s(costs, PAPER_SHAPE, 8) == pytest.approx(427.0)
+    group = 96 * 6 * costs.explore_s_per_sample_step
+    extra = (math.ceil(48 / 5) - 48 / 5) * group  # 10 waves of prompts where 9.6 would balance
+    assert colocated_actors_s(costs, PAPER_SHAPE, 5) == pytest.approx(colocated_s(costs, PAPER_SHAPE, 5) + extra)
