@@ -28,6 +28,10 @@ class WeightPublisher:
     region instead — written once here, mapped by the node's readers (`weight_sync.shm`); the services of
     other nodes still take it through the object store. Checksums then guard against bugs and weakly
     ordered CPUs; the region's sequence check already rejects torn reads.
+
+    A node that leaves the cluster takes its service with it (pinned there, it cannot restart elsewhere):
+    Ray then answers every call to it with `ActorUnschedulableError`, and the publisher drops that node
+    (`lost_nodes`) instead of failing the job; its readers are gone with it.
     """
 
     def __init__(self, services: Mapping[str, Any], codec: Codec, quantize: Iterable[str] = (), source: Any = None,
@@ -43,6 +47,18 @@ class WeightPublisher:
         self.version = -1
         self._manifest: dict | None = None
         self._arrays: dict[str, np.ndarray] | None = None
+        self.lost_nodes: list[str] = []
+
+    def _results(self, refs: dict[str, ray.ObjectRef]) -> dict[str, Any]:
+        """Each node's answer; nodes that left the cluster are dropped (they answer no more)."""
+        out = {}
+        for node, ref in refs.items():
+            try:
+                out[node] = ray.get(ref)
+            except ray.exceptions.ActorUnschedulableError:  # its node is gone: not a RayActorError
+                self.services.pop(node, None)
+                self.lost_nodes.append(node)
+        return out
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int, meta: dict | None = None) -> dict[str, float]:
         start = time.perf_counter()
@@ -50,10 +66,10 @@ class WeightPublisher:
                                   checksums=self.checksums)
         self.version, self._manifest, self._arrays = version, manifest.to_json(), arrays
         encoded = time.perf_counter()
-        refs = [self._send(service) for node, service in self.services.items() if node != self.local]
+        refs = {node: self._send(service) for node, service in self.services.items() if node != self.local}
         if self.local is not None:
             self._write_local()
-        ray.get(refs)
+        self._results(refs)
         return {"encode_s": encoded - start, "publish_s": time.perf_counter() - encoded,
                 "bytes": float(payload_bytes(arrays))}
 
@@ -90,10 +106,10 @@ class WeightPublisher:
         """Re-send the newest snapshot to every service that is behind (e.g. restarted); their node ids."""
         if self._manifest is None:
             return []
-        versions = ray.get([s.version.remote() for s in self.services.values()])
-        behind = [node for node, v in zip(self.services, versions, strict=True) if v < self.version]
-        refs = [self._send(self.services[node]) for node in behind if node != self.local]
+        versions = self._results({node: s.version.remote() for node, s in self.services.items()})
+        behind = [node for node, v in versions.items() if v < self.version]
+        refs = {node: self._send(self.services[node]) for node in behind if node != self.local}
         if self.local in behind:
             self._write_local(force=True)  # a restarted service made a new region
-        ray.get(refs)
+        self._results(refs)
         return behind
