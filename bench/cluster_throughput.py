@@ -1,13 +1,14 @@
 """The distributed job's throughput on this machine: explorers, modes, driver overhead, sync share.
 
-    python -m bench.cluster_throughput [--iterations 4] --json FILE
+    python -m bench.cluster_throughput [--iterations 4] [--only NAME ...] [--no-driver] --json FILE
 
 1. The embedded Sol-RL job on a local Ray, run side by side: 1 explorer sync with and without streamed
-   regeneration, 2 explorers sync, 1 explorer async (max lag 1). Per run: candidates per second
-   (explored candidates ÷ the wall time the driver waited for them), learner idle fraction, the sync
-   share of iteration time (learner's publish + explorers' fetch/load ÷ iteration time), seconds per
-   iteration as the driver saw it (dispatch → finished). The first iteration (actor start-up, first
-   touches) is left out.
+   regeneration, 2 explorers sync, 1 explorer async (max lag 1), 1 explorer and a learner group of 2
+   ranks (`--only` picks variants by name; their results are merged into an existing --json file).
+   Per run: candidates per second (explored candidates ÷ the wall time the driver waited for them),
+   learner idle fraction, the sync share of iteration time (learner's publish + explorers' fetch/load
+   ÷ iteration time), seconds per iteration as the driver saw it (dispatch → finished). The first
+   iteration (actor start-up, first touches) is left out.
 2. Ranked-group records per second the driver sustains: explorers that answer instantly with a
    96-candidate group, so only dispatch, transport and gather are timed.
 On 2 cores the learner and the explorers share the CPUs: ratios show contention, not GPU scaling.
@@ -38,7 +39,7 @@ class InstantExplorer:
 
 def records_per_second(slots: int = 2000, explorers: int = 2) -> float:
     actors = [ray.remote(InstantExplorer).options(num_cpus=0).remote() for _ in range(explorers)]
-    job = driver.Job(learner=None, explorers=actors, placement=None)
+    job = driver.Job(learners=[], explorers=actors, placement=None)
     prompts = list(enumerate(["a handwritten digit one"] * 100))
     driver.gather(job, 0, driver.dispatch(job, 0, prompts, 0), 0, {})  # warm-up
     start = time.perf_counter()
@@ -59,7 +60,7 @@ def job_stats(history: list[dict]) -> dict[str, float]:
             "learner_idle_fraction": mean("learner_idle_fraction"), "sync_s": mean("sync_s"),
             "iteration_s": iteration_s, "sync_share": mean("sync_s") / iteration_s,
             "explore_wall_s": mean("explore_wall_s"), "train_s": mean("train_s"), "regen_s": mean("rollout_s"),
-            "streamed_regen_s": mean("streamed_rollout_s")}
+            "streamed_regen_s": mean("streamed_rollout_s"), "fp_sample_steps": mean("fp_sample_steps")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,24 +68,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="configs/embedded.yaml")
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--only", nargs="+", default=None, help="run the variants whose name contains one of these")
+    parser.add_argument("--no-driver", action="store_true", help="skip the driver's records-per-second test")
     args = parser.parse_args(argv)
     variants = {
         "1 explorer, sync, not streamed": ["cluster.explorers.count=1", "cluster.stream_regeneration=false"],
         "1 explorer, sync": ["cluster.explorers.count=1"],
         "2 explorers, sync": ["cluster.explorers.count=2"],
         "1 explorer, async (lag 1)": ["cluster.explorers.count=1", "cluster.mode=async"],
+        "1 explorer, 1 learner rank": ["cluster.explorers.count=1", "cluster.learner.count=1"],
+        "1 explorer, 2 learner ranks": ["cluster.explorers.count=1", "cluster.learner.count=2"],
     }
+    if args.only:
+        variants = {k: v for k, v in variants.items() if any(word in k for word in args.only)}
+        if not variants:
+            parser.error(f"--only {' '.join(args.only)} names no variant")
     common = [f"run.iterations={args.iterations}", "eval.every=0", "run.checkpoint_every=0",
               "cluster.explorers.num_cpus=0.5", "cluster.learner.num_cpus=0.5"]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    results: dict[str, dict[str, float]] = {}
+    merge = args.only and args.json.is_file()
+    results: dict[str, dict[str, float]] = json.loads(args.json.read_text()) if merge else {}
     for name, extra in variants.items():
         config = load_config(args.config, common + extra)
         job, history = driver.run(config, None, log=lambda line: print(f"  {line}", flush=True))
         driver.stop(job)
         results[name] = job_stats(history)
         print(f"{name}: {results[name]}", flush=True)
-    results["driver"] = {"records_per_second": records_per_second()}
+    if not args.no_driver:
+        results["driver"] = {"records_per_second": records_per_second()}
     ray.shutdown()
 
     print("\n| run | candidates/s | learner idle | sync share of iteration | s / iteration |")
@@ -93,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
         if name != "driver":
             print(f"| {name} | {r['candidates_per_second']:.0f} | {r['learner_idle_fraction']:.0%} | "
                   f"{r['sync_share']:.2%} | {r['iteration_s']:.1f} |")
-    print(f"\ndriver: {results['driver']['records_per_second']:.0f} ranked-group records per second")
+    if "driver" in results:
+        print(f"\ndriver: {results['driver']['records_per_second']:.0f} ranked-group records per second")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.json}")
