@@ -41,6 +41,7 @@ from actors.learner import Learner
 from actors.reward_scorer import RewardScorer
 from cluster.config import SolRLConfig
 from cluster.control import read_control
+from cluster.learner_group import JobFailed, on_learners, wait_learners
 from diffusion.prompts import load_prompts
 from learner.algorithms import ALGORITHMS
 from learner.data_parallel import owner_of
@@ -55,16 +56,8 @@ BACKOFF_S = (0.5, 8.0)  # first wait before re-sending a lost slot, and the cap 
 RESTARTING = "actor is restarting"
 
 
-class JobFailed(RuntimeError):
-    """The job cannot go on; the run resumes from its last checkpoint."""
-
-
 class ExplorerCrashLoop(JobFailed):
     """An explorer keeps dying: retrying would never end."""
-
-
-class LearnerDied(JobFailed):
-    """A learner rank died: the others would wait for it in their next collective."""
 
 
 @dataclass
@@ -152,7 +145,7 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
         ]
         if c.learner.count > 1:
             address = ray.get(job.learner.address.remote())
-            on_learners(job, "join", address, c.learner.collective_timeout_s)
+            on_learners(job.learners, "join", address, c.learner.collective_timeout_s)
         for i in range(c.explorers.count):
             job.explorers.append(new_explorer(job, config, c.learner.count + i))
             job.bundles.append(c.learner.count + i)
@@ -211,27 +204,6 @@ def resize_explorers(job: Job, config: SolRLConfig, target: int, health: Health,
     if len(job.explorers) != before:
         log(f"explorers {before} → {len(job.explorers)}" + (f" ({len(job.joining)} loading)" if job.joining else ""))
     return {"explorers": len(job.explorers), "explorers_joining": len(job.joining)}
-
-
-def on_learners(job: Job, method: str, *args: Any) -> list[Any]:
-    """Call `method` on every learner rank; their results in rank order."""
-    refs = {getattr(actor, method).remote(*args): rank for rank, actor in enumerate(job.learners)}
-    results = wait_learners(job, refs, method)
-    return [results[ref] for ref in refs]
-
-
-def wait_learners(job: Job, refs: dict[Any, int], method: str) -> dict[Any, Any]:
-    """Results of learner calls (ref → its rank). A rank that dies ends the job at once with `LearnerDied`
-    naming it, not after the others time out in a collective (the caller stops them)."""
-    results, pending = {}, list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        try:
-            results[ready[0]] = ray.get(ready[0])
-        except RayActorError as exc:
-            raise LearnerDied(f"learner rank {refs[ready[0]]} of {len(job.learners)} died in {method}: "
-                              f"{str(exc).splitlines()[0]}") from exc
-    return results
 
 
 def dispatch(job: Job, iteration: int, slots: list[tuple[int, str]], version: int,
@@ -321,8 +293,8 @@ def run(config: SolRLConfig, run_dir: str | None, *, resume: bool | str = False,
 def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str], None],
           on_iteration: Callable[[Job, dict[str, Any]], None] | None,
           on_start: Callable[[Job, dict[str, Any]], None] | None, evaluate_base: bool) -> list[dict[str, Any]]:
-    status = on_learners(job, "start")[0]
-    on_learners(job, "publish")  # the (resumed) sampling policy, before anything is explored
+    status = on_learners(job.learners, "start")[0]
+    on_learners(job.learners, "publish")  # the (resumed) sampling policy, before anything is explored
     if on_start is not None:
         on_start(job, status)
     if evaluate_base and status["iteration"] == 0:
@@ -382,15 +354,15 @@ def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str
                       "explore_busy_s": sum(g.seconds for g in groups),  # all explorers' sampling seconds
                       "policy_lag": max((version - g.policy_version for g in groups), default=0),
                       "candidates_per_second": sum(len(g.seeds) for g in groups) / max(waited, 1e-9)})
-        wait_learners(job, streamed, "regenerate")  # a streamed regeneration's error surfaces here
+        wait_learners(job.learners, streamed, "regenerate")  # a streamed regeneration's error surfaces here
         prefetched = None
         if asynchronous and iteration + 1 < config.run.iterations:  # explorers run ahead while the group trains
             stats.update(steer())
             nxt = list(enumerate(prompts(iteration + 1)))
             prefetched = (dispatch(job, iteration + 1, nxt, version, health), version)
-        metrics = {**on_learners(job, "train", iteration, groups)[0], **stats}
-        metrics["sync_s"] = on_learners(job, "publish")[0]["sync_s"]  # the new θ_old to every node
-        metrics = on_learners(job, "finish_iteration", metrics)[0]
+        metrics = {**on_learners(job.learners, "train", iteration, groups)[0], **stats}
+        metrics["sync_s"] = on_learners(job.learners, "publish")[0]["sync_s"]  # the new θ_old to every node
+        metrics = on_learners(job.learners, "finish_iteration", metrics)[0]
         metrics["iteration_wall_s"] = time.perf_counter() - tick  # dispatch → finished, as the driver saw it
         version = metrics["policy_version"]
         history.append(metrics)

@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     from cluster import driver
+    from cluster.learner_group import JobFailed
 
     print(f"run directory: {run_dir}  ({config.cluster.explorers.count} explorer(s), {config.cluster.mode} mode)")
     local, clean = connect(config), False
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line)  # accuracy: only rewards that report one (the digit classifier alone)
         print(f"run directory: {run_dir}")
         clean = True
-    except driver.JobFailed as exc:
+    except JobFailed as exc:
         print(f"error: {exc}. Fix the cause, then continue with: python -m cluster.launch --resume {run_dir}",
               file=sys.stderr)
         return 1

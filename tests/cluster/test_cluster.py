@@ -27,7 +27,7 @@ from faults import (
 from jobs import assert_same, final_weights, run_job, single_process
 from tiny import tiny_config, tiny_sets
 
-from cluster import control, driver, launch
+from cluster import control, driver, launch, learner_group
 from weight_sync.codecs import Manifest, decode
 from weight_sync.shm import Region
 
@@ -155,7 +155,7 @@ def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, refere
         if metrics["iteration"] == 0:
             ray.get(job.learner.__ray_call__.remote(die_in_update))
 
-    with pytest.raises(driver.LearnerDied, match="learner rank 0 of 1 died in train"):
+    with pytest.raises(learner_group.LearnerDied, match="learner rank 0 of 1 died in train"):
         driver.run(cfg, str(run_dir), log=lambda _: None, evaluate_base=True, on_iteration=kill_in_second_update,
                    on_start=started)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -211,7 +211,7 @@ def test_learner_killed_while_writing_a_checkpoint_resumes_bitwise(local_ray, tm
     def arm(job, _status) -> None:
         ray.get(job.learner.__ray_call__.remote(die_writing_checkpoint, 2))
 
-    with pytest.raises(driver.LearnerDied, match="learner rank 0 of 1 died in finish_iteration"):
+    with pytest.raises(learner_group.LearnerDied, match="learner rank 0 of 1 died in finish_iteration"):
         driver.run(cfg, str(run_dir), log=lambda _: None, on_start=arm)
     assert [json.loads(x)["iteration"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     assert json.loads((run_dir / "checkpoint" / "meta.json").read_text())["iteration"] == 1

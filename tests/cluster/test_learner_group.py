@@ -12,7 +12,7 @@ from faults import die_in_update
 from jobs import assert_same, final_weights
 from tiny import tiny_config
 
-from cluster import driver
+from cluster import driver, learner_group
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("no_leftover_actors")]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # theta_and_old runs inside the learners
@@ -43,7 +43,7 @@ def test_a_learner_group_trains_like_one_learner_and_survives_a_killed_rank(loca
         if metrics["iteration"] == 0:
             ray.get(job.learners[1].__ray_call__.remote(die_in_update))
 
-    with pytest.raises(driver.LearnerDied, match="learner rank 1 of 2 died in train"):
+    with pytest.raises(learner_group.LearnerDied, match="learner rank 1 of 2 died in train"):
         driver.run(config(), str(run_dir), log=lambda _: None, on_iteration=kill_rank_1_in_next_update)
     first = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in first] == [0]
