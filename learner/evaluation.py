@@ -16,26 +16,30 @@ from diffusion.policy import FlowPolicy
 from diffusion.prompts import PromptSet
 from learner.rollouts import Sampling, generate
 from learner.training_state import TrainingState
-from rewards import Reward
+from rewards import Reward, known_rewards
 
 
 @torch.no_grad()
 def evaluate(policy: FlowPolicy, state: TrainingState, reward: Reward, prompts: list[str], *, run_seed: int,
              seeds_per_prompt: int, sampling: Sampling, prompt_set: PromptSet | None = None) -> dict[str, float]:
-    """Mean reward (and accuracy, when the reward reports one) over held-out prompts × fixed seeds;
+    """Mean reward (and `reported_details`) over held-out prompts × fixed seeds;
     `prompt_set`: the set the prompts come from, whose metadata the reward receives."""
-    rewards, accuracy = [], []
+    rewards, reported = [], {}
     with state.evaluated() as model:
         for slot, prompt in enumerate(prompts):
             out = generate(policy, model, reward, prompt, eval_seeds(run_seed, slot, seeds_per_prompt), sampling,
                            metadata=prompt_set.metadata_of(prompt) if prompt_set is not None else None)
             rewards.append(out.rewards)
-            if "accuracy" in out.details:
-                accuracy.append(out.details["accuracy"])
-    result = {"eval_reward": float(torch.cat(rewards).mean())}
-    if accuracy:
-        result["eval_accuracy"] = float(torch.cat(accuracy).mean())
-    return result
+            for key in reported_details(out.details):
+                reported.setdefault(key, []).append(out.details[key])
+    return {"eval_reward": float(torch.cat(rewards).mean()),
+            **{f"eval_{key}": float(torch.cat(values).mean()) for key, values in reported.items()}}
+
+
+def reported_details(details: dict[str, torch.Tensor]) -> list[str]:
+    """The details an evaluation reports beside its reward: `accuracy`, and every other reward's score on
+    the same images (a detail named after a registered reward, e.g. digit_margin's `digit_alignment`)."""
+    return [key for key in details if key == "accuracy" or key in known_rewards()]
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from rewards.clipscore import ClipScore
 from rewards.combine import WeightedSum
 from rewards.config import RewardConfig, build_reward_from_config
 from rewards.digit_alignment import DigitAlignment
+from rewards.digit_margin import DigitMargin
 from rewards.geneval import Detection, Detector, GenEval, register_detector
 from rewards.hpsv2 import HPSv2
 from rewards.image_reward import ImageRewardScore
@@ -36,6 +37,7 @@ __all__ = [
     "Detection",
     "Detector",
     "DigitAlignment",
+    "DigitMargin",
     "GenEval",
     "HPSv2",
     "ImageRewardScore",

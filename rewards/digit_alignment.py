@@ -66,6 +66,12 @@ class DigitAlignment(Reward):
             images = images.clamp(0.0, 1.0)
         return images
 
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """The classifier's float32 logits [B, 10] on the CPU."""
+        with torch.inference_mode():
+            pixels = self.preprocess(images)
+            return torch.cat([self.classifier(chunk).float() for chunk in pixels.split(self.batch_size)]).cpu()
+
     def _compute(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -73,14 +79,7 @@ class DigitAlignment(Reward):
         if len(digits) == 0:
             empty = torch.zeros(0)
             return empty, {"accuracy": empty, "predicted_digit": empty, "prob": empty}
-        with torch.inference_mode():
-            pixels = self.preprocess(images)
-            log_probs = torch.cat(
-                [
-                    F.log_softmax(self.classifier(chunk).float(), dim=1)
-                    for chunk in pixels.split(self.batch_size)
-                ]
-            ).cpu()
+        log_probs = F.log_softmax(self.logits(images), dim=1)
         scores = log_probs.gather(1, digits[:, None]).squeeze(1)
         predicted = log_probs.argmax(dim=1)
         details = {

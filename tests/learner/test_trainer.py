@@ -146,3 +146,14 @@ def test_each_prompts_jsonl_metadata_reaches_the_reward_in_every_phase(small_tra
     trainer.evaluate()
     held = MetadataEcho.seen[explored:]
     assert held and all(m == {"value": values[p], "tag": "heldout"} for p, m in held)
+
+
+def test_evaluation_reports_the_other_rewards_its_reward_scores_alongside(small_trainer):
+    """Training on digit_margin, the held-out evaluation also reports digit_alignment and accuracy of the
+    same samples: what issue 12 compares the algorithms on."""
+    margin = small_trainer("reward.weights={digit_margin: 1.0}", "eval.prompts=1").evaluate()
+    alignment = small_trainer("eval.prompts=1").evaluate()
+    assert set(margin) == {"eval_reward", "eval_accuracy", "eval_digit_alignment"}
+    assert margin["eval_digit_alignment"] == pytest.approx(alignment["eval_reward"], abs=1e-6)
+    assert margin["eval_accuracy"] == alignment["eval_accuracy"]
+    assert margin["eval_reward"] > margin["eval_digit_alignment"]  # log-odds > log p

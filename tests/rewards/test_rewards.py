@@ -331,3 +331,24 @@ def test_every_digit_word_is_understood(alignment, heldout):
     firsts = torch.stack([heldout.images[heldout.labels == d][0] for d in range(10)])
     details = alignment.details(firsts, [f"a scan of a handwritten {word}" for word in DIGIT_WORDS])
     assert details["accuracy"].sum() >= 9
+
+
+def test_digit_margin_is_the_log_odds_and_keeps_separating_what_digit_alignment_saturates(heldout):
+    margin = build_reward("digit_margin")
+    images, prompts = heldout.images[:200], prompts_for(heldout.labels[:200])
+    scores, details = margin.score_and_details(images, prompts)
+    log_p = build_reward("digit_alignment")(images, prompts)
+    assert torch.equal(details["digit_alignment"], log_p)  # the same images, both rewards in one pass
+    assert torch.isfinite(scores).all()
+    # log p − log(1 − p), where float32 still resolves 1 − p (for most clean digits log p rounds to exactly 0)
+    resolved = log_p < -1e-2
+    assert resolved.sum() >= 10
+    torch.testing.assert_close(scores[resolved], (log_p - torch.log(-torch.expm1(log_p)))[resolved], rtol=1e-3,
+                               atol=1e-3)
+    order = torch.argsort(scores)  # an increasing function of p: never ranks two samples the other way round
+    assert bool((log_p[order].diff() >= -1e-6).all())  # up to float32 rounding of log p near 0
+    clean = log_p > -1e-3  # digit_alignment has all but reached its ceiling of 0 here
+    assert clean.sum() >= 20
+    assert float(log_p[clean].std()) < 1e-3 < 1.0 < float(scores[clean].std())
+    wrong = prompts_for((heldout.labels[:200] + 1) % 10)
+    assert float(margin(images, wrong).max()) < float(scores.median())
