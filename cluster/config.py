@@ -102,6 +102,12 @@ def cross_field_problem(config: SolRLConfig) -> tuple[tuple[str, ...], str] | No
             f"prompts.keep ({p.keep}) must be <= prompts.candidates ({p.candidates}): "
             "keep is how many of the candidates are regenerated"
         )
+    if config.learner.objective == "art" and config.learner.decay.type != 0:
+        return ("learner.objective", "learner.decay.type"), (
+            f"learner.objective (art) needs learner.decay.type = 0 (given {config.learner.decay.type}): the "
+            "target, the trust region and the restoration all refer to the policy at the iteration's start, "
+            "which must be the sampling policy (ART replaces the EMA-lagged sampler); set learner.decay.type=0"
+        )
     if config.learner.art.pairwise and p.keep != 2:
         return ("learner.art.pairwise", "prompts.keep"), (
             f"learner.art.pairwise (true) needs prompts.keep = 2 (given {p.keep}): pairwise scores compare one "

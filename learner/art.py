@@ -7,13 +7,17 @@ Convention (rectified flow, as diffusion/samplers.py): x_t = (1 − t)·x0 + t·
 x̂0 = x_t − t·v. States are the ones the deterministic reverse ODE visited; t and dt are per-sample [B]
 tensors (dt = t_next − t of the sampler's grid, negative; only |dt| is used).
 
-One iteration, per prompt c with K rollouts of the sampling ("old") policy:
+One iteration, per prompt c with K rollouts of the sampling ("old") policy, which is also the policy at
+the start of the iteration (ART runs on-policy, without an EMA-lagged sampler: config validation):
 
-    G(c)   = art_guidance(x0[K, ...], R[K])               # Cov(R, x0 | c) / std(R), once per prompt
+    G(c)   = art_guidance(x0[K, ...], R[K])               # Cov(R, x0 | c) normalised to unit RMS, per prompt
     a, b   = split_windows(K, generator)                  # two disjoint windows of that prompt's rollouts
-    v*     = art_target(v_start(x_t), G(c), scale=η)      # frozen: v_start is the policy at iteration start
-    window 1: art_loss(v_θ, v*, v_old, t, dt, restore_weight=0)        on the states of a
-    window 2: art_loss(v_θ, v*, v_old, t, dt, restore_weight=λ)        on the states of b
+    v*     = art_target(v_old(x_t), G(c))                 # frozen for the whole iteration
+    window 1: art_loss(v_θ, v*, v_old, t, dt)             on the states of a  (θ = θ_old: no drift yet)
+    window 2: art_loss(v_θ, v*, v_old, t, dt)             on the states of b
+Window 2 replays the frozen target after window 1 moved θ: its gradient 2(v_θ − v*) = 2(drift + G)
+carries a restoring force proportional to the drift, which is the source's adaptive restoration; an
+explicit λ·MSE(v_θ, v_old) term would count it twice and is an extension, off by default (λ = 0).
 """
 
 from __future__ import annotations
@@ -41,19 +45,20 @@ def pairwise_scores(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def art_guidance(x0: torch.Tensor, rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Aggregated guidance direction of one prompt: G = Cov(R, x0) / std(R).
+    """Aggregated guidance direction of one prompt, normalised: G = C / rms(C), C = Cov(R, x0) / std(R).
 
         z_k = (R_k − mean R) / std R          (population std; z ≡ 0 when std R < eps)
-        G   = (1/K) Σ_k z_k · (x0_k − mean x0) = (1/K) Σ_k z_k · x0_k      (Σ_k z_k = 0)
+        C   = (1/K) Σ_k z_k · (x0_k − mean x0) = (1/K) Σ_k z_k · x0_k      (Σ_k z_k = 0)
+        G   = C / sqrt(mean_elements C²)      (G ≡ 0 when C is)
 
     x0: [K, ...] final samples of the prompt; rewards: [K]. Returns G with x0's trailing shape and dtype.
 
-    Properties: invariant to R → aR + b (a > 0) and to permuting samples with their rewards; a < 0 flips
-    it; all-equal rewards give exactly 0; with pairwise scores and K = 2, G = (x0_w − x0_l)/2 exactly.
-    G keeps x0's units (std(R) is divided out, x0's spread is not): a prompt whose samples differ a lot
-    gets a larger step than one whose samples are near-identical. Computed in float64: the centring
-    of z then makes Σ z_k vanish to ~1e-16, so the uncentred contraction equals the centred one, and
-    the K = 2 pairwise case is exact (z = ±1, one subtraction, one halving).
+    The source normalises the aggregated direction "so its strength is the same across tasks and reward
+    models, and no strength coefficient needs tuning": z-scoring removes the reward's scale, the unit RMS
+    removes the samples' spread and the latent's size, so every prompt's target moves x̂0 by t·G with
+    rms(G) = 1 (the norm, RMS over elements, is this project's choice). Properties: invariant to R → aR + b
+    (a > 0) and to permuting samples with their rewards; a < 0 flips it; all-equal rewards give exactly 0;
+    with pairwise scores and K = 2, G = (x0_w − x0_l) / rms(x0_w − x0_l). Computed in float64.
     """
     if rewards.dim() != 1 or x0.shape[0] != rewards.shape[0]:
         raise ValueError(f"x0 [K, ...] and rewards [K] expected, got {tuple(x0.shape)} and {tuple(rewards.shape)}")
@@ -66,18 +71,24 @@ def art_guidance(x0: torch.Tensor, rewards: torch.Tensor, eps: float = 1e-8) -> 
     z = centred / std
     z = z - z.mean()  # re-centre in float64 so the uncentred contraction below is the covariance
     flat = x0.detach().reshape(k, -1).to(torch.float64)
-    g = (z @ flat) / k
-    return g.reshape(x0.shape[1:]).to(x0.dtype)
+    c = (z @ flat) / k
+    rms = c.pow(2).mean().sqrt()
+    if rms.item() <= 1e-9 * flat.pow(2).mean().sqrt().item():  # (near-)identical samples: no direction, only
+        return torch.zeros_like(x0[0])                         # rounding, which normalising would blow up
+    return (c / rms).reshape(x0.shape[1:]).to(x0.dtype)
 
 
-def art_target(v_start: torch.Tensor, guidance: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """Frozen regression target v* = sg(v_start) − η·G.
+def art_target(v_ref: torch.Tensor, guidance: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Frozen regression target v* = sg(v_ref) − G (− η·G with the `scale` extension).
 
-    v_start: [B, ...] velocity of the policy at the start of the iteration on the visited states; guidance:
-    G of each state's prompt, [...] (one prompt) or [B, ...]; scale: η. Because x̂0 = x_t − t·v, the target
-    moves the data prediction by +t·η·G, i.e. towards samples the reward prefers. No gradient flows.
+    v_ref: [B, ...] velocity of the reference policy (the sampling policy at the start of the iteration)
+    on the visited states; guidance: G of each state's prompt, [...] (one prompt) or [B, ...]. Because
+    x̂0 = x_t − t·v, the target moves the data prediction by +t·G, towards samples the reward prefers.
+    G is normalised (`art_guidance`), so the source needs no strength coefficient: `scale` (η) is an
+    extension of this project, None = off. No gradient flows.
     """
-    return v_start.detach() - scale * guidance.detach().to(v_start.dtype)
+    guidance = guidance.detach().to(v_ref.dtype)
+    return v_ref.detach() - (guidance if scale is None else scale * guidance)
 
 
 def _per_sample(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -135,17 +146,20 @@ def trust_mask(
 ) -> torch.Tensor:
     """Per-sample trust-region mask m ([B], float 0/1; no gradient).
 
-        m_i = 0  iff  KL_i > δ  and  ⟨v*_i − v_θ,i, v_θ,i − v_old,i⟩ > 0
+        m_i = 0  iff  KL_i > δ  and  ⟨v_θ,i − v_old,i, v*_i − v_old,i⟩ < 0
 
-    A sample outside the trust region is blocked only when the regression step (along v* − v_θ) would
-    increase its drift from the old policy (the PPO-clip analogue); a step back towards the old policy
-    passes, and every sample inside the region passes. This is the project's reading of the paper's
-    "masks only updates that drift away" (see docs/objectives.md for the rejected reading).
+    The source: once a state's drift passes the threshold, an update that goes the wrong way — away from
+    the target — is blocked, and only updates that correct towards it are kept. Formalised here (this
+    project's reading): the update so far at state i is its drift v_θ − v_old; it goes away from the target
+    when its projection on the target's direction v* − v_old is negative. Such a state is outside the region
+    where its prompt's shared direction G(c) is trusted to describe it, and its (large) regression error
+    would dominate the step: its gradient is dropped. Inside the region, or drifting towards the target,
+    a state trains. With no drift (window 1, where θ = θ_old) nothing is masked.
     """
     kl = sde_kl(v_theta, v_old, t, dt, noise_level)
     drift = (v_theta - v_old).reshape(v_theta.shape[0], -1)
-    step = (v_target - v_theta).reshape(v_theta.shape[0], -1)
-    away = (step * drift).sum(dim=1) > 0
+    towards = (v_target - v_old).reshape(v_theta.shape[0], -1)
+    away = (drift * towards).sum(dim=1) < 0
     return (~((kl > threshold) & away)).to(v_theta.dtype)
 
 
@@ -156,17 +170,18 @@ def art_loss(
     t: torch.Tensor,
     dt: torch.Tensor,
     *,
-    restore_weight: float,
+    restore_weight: float = 0.0,
     threshold: float = 1e-5,
     noise_level: float = 0.7,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of one update window on B visited states.
 
-        L = mean_i m_i·mean_dims (v_θ − v*)²  +  λ·mean_i mean_dims (v_θ − sg(v_old))²
+        L = mean_i m_i·mean_dims (v_θ − v*)²  [+  λ·mean_i mean_dims (v_θ − sg(v_old))²]
 
-    λ = restore_weight: 0 in window 1, the restoration strength in window 2. The restoration gradient,
-    2λ(v_θ − v_old)/(B·D), is proportional to the drift, so it restores in proportion to how far the
-    first window moved the policy. m = trust_mask(...) (no gradient). Masked samples still count in the
+    The regression onto the frozen target is the whole loss of the source: in window 2 its gradient
+    2(v_θ − v*) = 2(v_θ − v_old) + 2G already restores in proportion to the drift window 1 caused, and its
+    optimum is v* itself. λ = restore_weight > 0 adds this project's extension, an explicit restoration
+    (it counts the drift twice); 0 by default. m = trust_mask(...) (no gradient). Masked samples still count in the
     mean over B, so an unmasked sample's gradient does not grow when others are masked. v_target and
     v_old are detached here.
 

@@ -58,8 +58,10 @@ class NFTConfig(BaseModel):
 class ARTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    guidance_scale: float = Field(1.0, gt=0, description="η in v* = v_start − η·G(c)")
-    restore_weight: float = Field(1.0, ge=0, description="λ of the second window's restoration")
+    guidance_scale: float | None = Field(None, gt=0, description="EXTENSION, off by default: η in v* = v_old − "
+                                         "η·G(c); the source normalises G so that no strength is needed")
+    restore_weight: float = Field(0.0, ge=0, description="EXTENSION, off by default: λ of an explicit "
+                                  "restoration in window 2 (its frozen-target replay already restores)")
     trust_threshold: float = Field(1e-5, gt=0, description="δ of the trust-region mask (SDE KL)")
     noise_level: float = Field(0.7, gt=0, description="a of the ODE→SDE conversion")
     pairwise: bool = Field(False, description="replace rewards by winner 1 / loser 0 / tie 0.5 (K = 2)")

@@ -159,17 +159,18 @@ def _art_windows(ctx: UpdateContext, groups: list[Group], scores: torch.Tensor) 
 
 
 def art_update(ctx: UpdateContext, groups: list[Group], scores: torch.Tensor) -> dict[str, float]:
-    """DiffusionART (docs/objectives.md): a frozen target v* = v_start − η·G(c) on visited states,
-    two disjoint windows per prompt, restoration toward the sampling policy in the second."""
+    """DiffusionART (docs/objectives.md): a frozen target v* = v_old − G(c) on visited states, two disjoint
+    windows per prompt, one step each; the second replays the frozen target after the first moved θ."""
     cfg, art, dev = ctx.learner, ctx.learner.art, ctx.policy.device
     windows = _art_windows(ctx, groups, scores)
-    # The target is frozen before any update: v_start is θ at the iteration's start, for both windows.
+    # The target is frozen before any update, from the reference policy: the sampling policy θ_old, which is θ
+    # at the iteration's start (ART runs with decay 0), and the anchor of the trust mask and restoration.
     for win in windows:
-        with ctx.state.use("theta") as model, torch.no_grad():
-            v_start = torch.cat([ctx.velocity(model, win["x_t"][s:s + cfg.micro_batch], win["t"][s:s + cfg.micro_batch],
-                                              win["prompts"][s:s + cfg.micro_batch])
-                                 for s in range(0, len(win["prompts"]), cfg.micro_batch)])
-        win["target"] = art_target(v_start, win["guide"].to(dev), art.guidance_scale)
+        with ctx.state.use("old") as model, torch.no_grad():
+            v_ref = torch.cat([ctx.velocity(model, win["x_t"][s:s + cfg.micro_batch], win["t"][s:s + cfg.micro_batch],
+                                            win["prompts"][s:s + cfg.micro_batch])
+                               for s in range(0, len(win["prompts"]), cfg.micro_batch)])
+        win["target"] = art_target(v_ref, win["guide"].to(dev), art.guidance_scale)
     metrics: dict[str, float] = {"dropped_micro_batches": 0}
     for w, (win, restore) in enumerate(zip(windows, (0.0, art.restore_weight), strict=True)):
         count, batches = win["count"], MicroBatches(ctx.state, ctx.shard)

@@ -273,8 +273,15 @@ def test_a_reward_models_missing_weight_file_is_named_with_its_source_before_any
         (["cluster.codec=lora", "training.mode=full"],
          r"cluster\.codec \(lora\) needs training\.mode = lora \(given full\): the lora codec ships only the sampling "
          r"adapter, and full training has none; set cluster\.codec=auto or training\.mode=lora"),
+        (["learner.objective=art", "learner.decay.type=1"],
+         r"learner\.objective \(art\) needs learner\.decay\.type = 0 \(given 1\): the target, the trust region and "
+         r"the restoration all refer to the policy at the iteration's start, which must be the sampling policy "
+         r"\(ART replaces the EMA-lagged sampler\); set learner\.decay\.type=0"),
+        (["cluster.learner.count=9", "prompts.per_iteration=8"],
+         r"cluster\.learner\.count \(9\) must be <= prompts\.per_iteration \(8\): each learner rank trains on whole "
+         r"prompt slots; lower the count or raise prompts\.per_iteration"),
     ],
-    ids=["keep>candidates", "pairwise", "lora codec"],
+    ids=["keep>candidates", "pairwise", "lora codec", "art on-policy", "learner ranks"],
 )
 def test_cross_field_rules_fail_in_one_line_naming_both_fields(overrides, message):
     with pytest.raises(ConfigError) as info:
