@@ -76,15 +76,13 @@ class DigitAlignment(Reward):
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         digits = prompted_digits(prompts)
-        if len(digits) == 0:
-            empty = torch.zeros(0)
-            return empty, {"accuracy": empty, "predicted_digit": empty, "prob": empty}
-        log_probs = F.log_softmax(self.logits(images), dim=1)
-        scores = log_probs.gather(1, digits[:, None]).squeeze(1)
-        predicted = log_probs.argmax(dim=1)
-        details = {
-            "accuracy": (predicted == digits).float(),
-            "predicted_digit": predicted.float(),
-            "prob": scores.exp(),
-        }
-        return scores, details
+        logits = self.logits(images) if len(digits) else torch.zeros(0, 10)
+        predicted = logits.argmax(dim=1)
+        scores, extra = self.score_logits(logits, digits)
+        return scores, {"accuracy": (predicted == digits).float(), "predicted_digit": predicted.float(), **extra}
+
+    def score_logits(self, logits: torch.Tensor, digits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The reward from the classifier's logits [B, 10] and the prompted digits [B], and its own details:
+        log p(digit) and its probability `prob`."""
+        scores = F.log_softmax(logits, dim=1).gather(1, digits[:, None]).squeeze(1)
+        return scores, {"prob": scores.exp()}

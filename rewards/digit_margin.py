@@ -12,32 +12,19 @@ of the same images), so one evaluation reports both rewards, plus the classifier
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from rewards.base import Metadata, register_reward
-from rewards.digit_alignment import DigitAlignment, prompted_digits
+from rewards.base import register_reward
+from rewards.digit_alignment import DigitAlignment
 
 
 @register_reward("digit_margin")
 class DigitMargin(DigitAlignment):
     """Logit of the prompted digit minus the logsumexp of the other nine (unbounded, log-odds)."""
 
-    def _compute(
-        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        digits = prompted_digits(prompts)
-        if len(digits) == 0:
-            empty = torch.zeros(0)
-            return empty, {"accuracy": empty, "predicted_digit": empty, "digit_alignment": empty}
-        logits = self.logits(images)
+    def score_logits(self, logits: torch.Tensor, digits: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """z_d − logsumexp_{j ≠ d} z_j, and `digit_alignment` (log p_d) of the same images."""
         chosen = logits.gather(1, digits[:, None]).squeeze(1)
         others = logits.scatter(1, digits[:, None], float("-inf")).logsumexp(dim=1)
-        predicted = logits.argmax(dim=1)
-        details = {
-            "accuracy": (predicted == digits).float(),
-            "predicted_digit": predicted.float(),
-            "digit_alignment": torch.log_softmax(logits, dim=1).gather(1, digits[:, None]).squeeze(1),
-        }
-        return chosen - others, details
+        log_p = torch.log_softmax(logits, dim=1).gather(1, digits[:, None]).squeeze(1)
+        return chosen - others, {"digit_alignment": log_p}
