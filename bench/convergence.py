@@ -36,24 +36,39 @@ import numpy as np
 import torch
 
 from cluster.config import SolRLConfig, load_config
+from bench.plan import PAPER_GPUS, PAPER_ROLLOUT_S, PAPER_SHAPE, paper_costs
 from learner.trainer import Trainer
 
-LOW_PRECISION_STEP_COST = 0.46  # × a full-precision step; paper Table 5 (SD3.5-L), see module docstring
+# The cost model: counted work priced at the paper's SD3.5-L Table 5 rates (`bench.plan.paper_costs`), in
+# GPU-seconds: a full-precision step of a kept sample (K-in-K rollout, regeneration) c_r; of a pool sample
+# (naive scaling's 96) c_b; a low-precision step of a pool sample c_x (= 0.46·c_b); a training pass
+# c_t / (6 timesteps · 5 passes) — the paper's update at SD3.5-L's timestep fraction, each trained timestep
+# θ forward + backward (3 passes), θ_old and the reference (1 each).
+_SD35 = paper_costs("sd35_large")
+PRICES = {"fp_sample_steps": _SD35.regen_s_per_sample_step,
+          "fp_pool_sample_steps": PAPER_ROLLOUT_S["sd35_large"][0] * PAPER_GPUS / (
+              PAPER_SHAPE.prompts * PAPER_SHAPE.candidates * PAPER_SHAPE.regen_steps),
+          "lp_sample_steps": _SD35.explore_s_per_sample_step,
+          "train_passes": _SD35.train_s_per_sample / (6 * 5)}
+COUNTERS = tuple(PRICES)
 
 
 def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
-    """Train one run; a point per evaluation with the held-out reward and cumulative raw counters."""
+    """Train one run; a point per evaluation (the trainer's own schedule: `eval.every` and the last
+    iteration) with the held-out reward and cumulative raw counters."""
     trainer = Trainer(config)
-    totals = dict.fromkeys(("wall_s", "rollout_s", "train_s", "fp_sample_steps", "lp_sample_steps"), 0.0)
+    totals = dict.fromkeys(("wall_s", "rollout_s", "train_s", *COUNTERS), 0.0)
     points = [{"iteration": 0, **totals, **trainer.evaluate()}]
     for i in range(config.run.iterations):
         m = trainer.train_iteration(i)
         m["sync_s"] = trainer.publish()
+        m = trainer.finish_iteration(m)  # counts the iteration (its counters are per iteration) and evaluates
         totals["wall_s"] += m["iteration_s"]
-        for key in ("rollout_s", "train_s", "fp_sample_steps", "lp_sample_steps"):
+        for key in ("rollout_s", "train_s", *COUNTERS):
             totals[key] += m[key]
-        if (i + 1) % config.eval.every == 0 or i + 1 == config.run.iterations:
-            point = {"iteration": i + 1, **totals, "train_reward": m["reward_mean"], **trainer.evaluate()}
+        if "eval_reward" in m:
+            point = {"iteration": i + 1, **totals, "train_reward": m["reward_mean"],
+                     **{k: v for k, v in m.items() if k.startswith("eval_")}}
             if "rank_spearman" in m:
                 point["rank_spearman"] = m["rank_spearman"]
             points.append(point)
@@ -63,27 +78,16 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
     return points
 
 
-def step_cost(points: list[dict[str, Any]]) -> float:
-    """c: seconds per full-precision sample-step of a run that samples only in full precision."""
-    last = points[-1]
-    if last["lp_sample_steps"] or not last["fp_sample_steps"]:
-        raise ValueError("the step cost is measured on a full-precision-only run (diffusionnft)")
-    return last["rollout_s"] / last["fp_sample_steps"]
+def modeled_cost(point: dict[str, Any]) -> float:
+    """Σ counter × its price (`PRICES`): modeled GPU-seconds, the same on any machine and under any load."""
+    return sum(point[key] * price for key, price in PRICES.items())
 
 
-def add_modeled_time(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[int, float]:
-    """modeled_s = c·(fp steps + 0.46·lp steps) + train_s at every point, c from that seed's diffusionnft
-    run; returns c per seed. Points from older result files that already carry modeled_s are kept."""
-    costs = {}
-    for seed, points in runs["diffusionnft"].items():
-        if "rollout_s" not in points[-1]:
-            continue
-        costs[seed] = c = step_cost(points)
-        for by_seed in runs.values():
-            for p in by_seed.get(seed, []):
-                p["modeled_s"] = c * (p["fp_sample_steps"] + LOW_PRECISION_STEP_COST * p["lp_sample_steps"]) \
-                    + p["train_s"]
-    return costs
+def add_modeled_cost(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> None:
+    for by_seed in runs.values():
+        for points in by_seed.values():
+            for p in points:
+                p["modeled_s"] = modeled_cost(p)
 
 
 def first_reach(points: list[dict[str, Any]], target: float, clock: str) -> float:
@@ -114,7 +118,10 @@ def speedups(runs: dict[str, dict[int, list[dict[str, Any]]]], baseline: str = "
     never reached it."""
     out: dict[str, dict[str, Any]] = {}
     base = runs[baseline]
-    for algorithm, by_seed in runs.items():
+    for algorithm, all_seeds in runs.items():
+        by_seed = {seed: points for seed, points in all_seeds.items() if seed in base}
+        if not by_seed:
+            continue
         row: dict[str, Any] = {}
         for clock in ("iteration", "wall_s", "modeled_s"):
             ratios = []
@@ -141,7 +148,7 @@ def speedup_profile(runs: dict[str, dict[int, list[dict[str, Any]]]],
     how the answer depends on where the target sits on the baseline's curve."""
     by_fraction = {f: speedups(runs, baseline, f) for f in PROFILE_FRACTIONS}
     return {algorithm: {str(f): {clock: by_fraction[f][algorithm][clock] for clock in ("iteration", "modeled_s")}
-                     for f in PROFILE_FRACTIONS} for algorithm in runs}
+                     for f in PROFILE_FRACTIONS} for algorithm in by_fraction[1.0]}
 
 
 def format_profile(profile: dict[str, dict[str, dict]], baseline: str) -> str:
@@ -199,24 +206,36 @@ def plot(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+# Named runs: the settings each adds to the common ones (--set). The four algorithms of the paper, the
+# controls, and the ablations of Tables 2 and 3 (Sol-RL with other explore steps, other pool sizes).
+RUNS: dict[str, list[str]] = {
+    **{a: [f"learner.algorithm={a}"] for a in ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl")},
+    "sol_rl_shuffled": ["learner.algorithm=sol_rl", "learner.shuffle_rewards=true"],
+    "sol_rl_art": ["learner.algorithm=sol_rl", "learner.objective=art", "learner.decay.type=0"],
+    **{f"sol_rl_explore{s}": ["learner.algorithm=sol_rl", f"explore.steps={s}"] for s in (2, 4, 8)},
+    **{f"sol_rl_pool{n}": ["learner.algorithm=sol_rl", f"prompts.candidates={n}"] for n in (24, 48, 72)},
+}
+BASELINE = "diffusionnft"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/embedded.yaml")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--algorithms", "--families", dest="algorithms", type=lambda s: s.split(","),
-                        default=["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"])
-    parser.add_argument("--objective", choices=("nft", "art"), default="nft")
+    parser.add_argument("--runs", "--algorithms", dest="runs", type=lambda s: s.split(","),
+                        default=["diffusionnft", "naive_scaling", "naive_quant", "sol_rl"],
+                        help=f"named runs, comma-separated: {', '.join(RUNS)}")
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
     parser.add_argument("--eval-every", type=int, default=2)
-    parser.add_argument("--control", action="store_true", help="add sol_rl with shuffled rewards")
-    parser.add_argument("--art", action="store_true", help="add sol_rl with the DiffusionART objective")
+    parser.add_argument("--control", action="store_true", help="add sol_rl_shuffled (rewards shuffled)")
+    parser.add_argument("--art", action="store_true", help="add sol_rl_art (the DiffusionART objective)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--from-json", action="store_true", help="only re-summarize an existing --json")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
-                        help="combine earlier result files (e.g. one per run seed) into --json; no training")
+                        help="combine earlier result files (e.g. one per run) into --json; no training")
     args = parser.parse_args(argv)
     if args.from_json:
         rereport(args.json, args.png)
@@ -224,20 +243,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.merge:
         merge(args.merge, args.json, args.png)
         return
-    if "diffusionnft" not in args.algorithms:
-        parser.error("--algorithms must include diffusionnft: it sets the target")
+    names = args.runs + ["sol_rl_shuffled"] * args.control + ["sol_rl_art"] * args.art
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        parser.error(f"unknown run(s) {', '.join(unknown)}: choose from {', '.join(RUNS)}")
     torch.set_num_threads(args.threads)
 
-    common = [*args.set, f"run.iterations={args.iterations}", f"eval.every={args.eval_every}",
-              f"learner.objective={args.objective}"]
-    variants = {f: [f"learner.algorithm={f}"] for f in args.algorithms}
-    if args.control:
-        variants["sol_rl_shuffled"] = ["learner.algorithm=sol_rl", "learner.shuffle_rewards=true"]
-    if args.art:
-        variants["sol_rl_art"] = ["learner.algorithm=sol_rl", "learner.objective=art", "learner.decay.type=0"]
-    configs = {name: load_config(args.config, common + extra) for name, extra in variants.items()}  # fail early
+    common = [*args.set, f"run.iterations={args.iterations}", f"eval.every={args.eval_every}"]
+    configs = {name: load_config(args.config, common + RUNS[name]) for name in names}  # fail early
 
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in variants}
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in names}
     for seed in args.seeds:
         for name, config in configs.items():
             print(f"== {name}, run seed {seed}", flush=True)
@@ -249,10 +264,15 @@ def main(argv: list[str] | None = None) -> None:
 def report(runs: dict[str, dict[int, list[dict[str, Any]]]], settings: dict, json_path: Path,
            png: Path | None) -> None:
     """Modeled time, tables against diffusionnft (and naive_scaling when it ran), the JSON, the PNG."""
-    costs = add_modeled_time(runs)
-    print("step cost c per run seed (diffusionnft's rollout s per full-precision sample-step): " +
-          ", ".join(f"seed {seed}: {c * 1e3:.3f} ms" for seed, c in costs.items()) +
-          f"; a low-precision step is modeled at {LOW_PRECISION_STEP_COST}·c")
+    add_modeled_cost(runs)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    if BASELINE not in runs:  # one run of a larger set: its file is merged with the baseline's later
+        json_path.write_text(json.dumps({"prices_gpu_s": PRICES, "args": _jsonable(settings), "runs": runs},
+                                        indent=1) + "\n")
+        print(f"wrote {json_path} (no {BASELINE} run here: merge with one for speedups)")
+        return
+    print("modeled GPU time: counted work at the paper's SD3.5-L prices (GPU-s): " +
+          ", ".join(f"{key} {price:.4g}" for key, price in PRICES.items()))
     summaries = {f"vs_{b}": speedups(runs, b) for b in ("diffusionnft", "naive_scaling") if b in runs}
     for name, summary in summaries.items():
         print(f"\nspeedup {name.replace('_', ' ')} (target: its final held-out reward)")
@@ -262,15 +282,16 @@ def report(runs: dict[str, dict[int, list[dict[str, Any]]]], settings: dict, jso
             summaries[f"profile_vs_{baseline}"] = profile = speedup_profile(runs, baseline)
             print(f"\nspeedup vs {baseline.replace('_', ' ')} for targets along its run (mean over seeds)")
             print(format_profile(profile, baseline))
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps({"step_cost_s": {str(k): v for k, v in costs.items()},
-                                     "low_precision_step_cost": LOW_PRECISION_STEP_COST,
-                                     "args": {k: v if isinstance(v, dict) else str(v) for k, v in settings.items()},
+    json_path.write_text(json.dumps({"prices_gpu_s": PRICES, "args": _jsonable(settings),
                                      "summary": summaries, "runs": runs}, indent=1) + "\n")
     if png:
         plot(runs, png)
         print(f"wrote {png}")
     print(f"wrote {json_path}")
+
+
+def _jsonable(settings: dict) -> dict:
+    return {k: v if isinstance(v, dict) else str(v) for k, v in settings.items()}
 
 
 def load_runs(path: Path) -> tuple[dict[str, dict[int, list[dict[str, Any]]]], dict]:

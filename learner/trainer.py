@@ -54,6 +54,10 @@ from rewards import Reward, build_reward_from_config
 
 BASE_EVAL_FILE = "base_eval.json"
 SAMPLING_FILE = "sampling_transformer.safetensors"  # θ_old, the policy the explorers held last
+# Work an iteration counts (a learner group's ranks sum theirs): sample-steps of the kept samples in full
+# precision, of a pool in full or low precision, and training's per-sample model passes
+# (`learner.updates.UpdateContext.passes`). bench.convergence prices each at the paper's Table 5 rates.
+COUNTED_WORK = ("fp_sample_steps", "fp_pool_sample_steps", "lp_sample_steps", "train_passes")
 
 
 def reward_components(weights: dict[str, float], groups: list[Group]) -> dict[str, float]:
@@ -105,7 +109,7 @@ class Trainer:
         self.iteration = 0
         self.version = 0  # policy version: successful updates so far
         self.engine_version = 0 if self.engine is not None else None  # the engine starts as the base model
-        self.counters = {"fp_sample_steps": 0, "lp_sample_steps": 0, "skipped_updates": 0}
+        self.counters = {**dict.fromkeys(COUNTED_WORK, 0), "skipped_updates": 0}
         self._counted = dict(self.counters)  # at the start of this iteration (streamed rollouts count in it)
         self.history: list[dict[str, Any]] = []
         self.base_eval: dict[str, float] = {}
@@ -125,7 +129,7 @@ class Trainer:
         low = self.algorithm.explore == "low"
         sampling = self.explore_sampling if self.algorithm.explore_steps == "explore" else self.regen_sampling
         seeds = candidate_seeds(self.seed, iteration, slot, self.config.prompts.candidates)
-        self.counters["lp_sample_steps" if low else "fp_sample_steps"] += len(seeds) * sampling.steps
+        self.counters["lp_sample_steps" if low else "fp_pool_sample_steps"] += len(seeds) * sampling.steps
         if low:
             return generate(self.policy, self._engine(), self.reward, prompt, seeds, sampling,
                             return_states=return_states, metadata=self.prompt_set.metadata_of(prompt))
@@ -180,7 +184,9 @@ class Trainer:
             self.regen_sampling.steps), self.seed, iteration,
             slots=list(range(len(groups))) if slots is None else slots,
             batch_slots=len(groups) if slots is None else self.config.prompts.per_iteration, shard=self.shard)
-        return self.objective.update(context, groups, advantages)
+        metrics = self.objective.update(context, groups, advantages)
+        self.counters["train_passes"] += context.passes
+        return metrics
 
     def soft_update(self) -> None:
         """Count the update, then move θ_old and the EMA toward θ with the step count after the increment."""
@@ -225,7 +231,7 @@ class Trainer:
             metrics["skipped"] = True
         else:
             self.soft_update()
-        steps = self.shard.sum({k: self.counters[k] - before[k] for k in ("fp_sample_steps", "lp_sample_steps")})
+        steps = self.shard.sum({k: self.counters[k] - before[k] for k in COUNTED_WORK})
         self.counters.update({k: before[k] + int(v) for k, v in steps.items()})  # the group's, on every rank
         metrics.update({"rollout_s": rollout_s, "train_s": time.perf_counter() - t0,
                         "iteration_s": time.perf_counter() - start, **{k: int(v) for k, v in steps.items()},
@@ -320,7 +326,7 @@ class Trainer:
         folder = Path(checkpoint) if checkpoint is not None else self.run_dir / "checkpoint"
         info = load_checkpoint(folder, self.state)
         self.iteration, self.version = info["iteration"], info["extra"]["version"]
-        self.counters = dict(info["extra"]["counters"])
+        self.counters = {**dict.fromkeys(self.counters, 0), **info["extra"]["counters"]}  # older: fewer keys
         self._counted = dict(self.counters)
         if self.run_dir is not None:  # the run's bookkeeping (a learner group's other ranks keep none)
             self.history = truncate_metrics(self.run_dir / "metrics.jsonl", self.iteration)

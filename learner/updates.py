@@ -48,12 +48,15 @@ class UpdateContext:
     slots: list[int]  # the batch slot of each group the update sees (this rank's, in a learner group)
     batch_slots: int  # slots in the whole batch
     shard: Shard = ALONE
+    passes: int = 0  # per-sample model passes so far: a forward counts 1, a forward with its backward 3
 
     def generator(self, stream: Stream, index: int = 0) -> torch.Generator:
         return stream_generator(self.run_seed, self.iteration, stream, index)
 
     def velocity(self, model: nn.Module, x: torch.Tensor, sigma: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         dev, cond = self.policy.device, self.policy.encode(prompts)
+        # The cost model of bench.convergence charges training by these (a backward ≈ two forwards).
+        self.passes += x.shape[0] * (3 if torch.is_grad_enabled() else 1)
         with self.state.autocast():
             return self.policy.velocity(x.to(dev), sigma.to(dev), cond, transformer=model).float()
 

@@ -1,0 +1,79 @@
+"""The evidence suite: the paper's tables on the embedded world, one training run per invocation.
+
+    python -m bench.evidence [--only NAME,...] [--seeds 0,1,2] [--dry-run]   # runs what is missing, then reports
+    python -m bench.evidence --report                                        # tables and figures only
+
+Every run trains on `digit_margin` (a reward that keeps rising with quality, unlike `digit_alignment`'s
+log p, which saturates at 0) for `ITERATIONS` iterations and writes `bench/results/runs/<run>_seed<s>.json`.
+A run whose file exists is not run again, so the suite (hours on two cores) resumes where it stopped;
+each run is its own process and should have the machine to itself (its wall clock is reported; the
+modeled GPU time is counted work, not timed). `--report` merges every file into
+`bench/results/evidence.json`, prints the tables of docs/benchmarks.md and draws the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.convergence import RUNS
+
+RESULTS = Path("bench/results")
+RUN_DIR = RESULTS / "runs"
+ITERATIONS = 60
+COMMON = ["reward.weights={digit_margin: 1.0}"]
+# Which runs, with which seeds, in the order they are run: the headline comparison first.
+PLAN: list[tuple[str, tuple[int, ...]]] = [
+    ("diffusionnft", (0, 1, 2)), ("sol_rl", (0, 1, 2)),
+    ("naive_scaling", (0, 1, 2)), ("naive_quant", (0, 1, 2)),
+    ("sol_rl_explore2", (0, 1)), ("sol_rl_explore4", (0, 1)), ("sol_rl_explore8", (0, 1)),
+    ("sol_rl_pool24", (0, 1)), ("sol_rl_pool48", (0, 1)), ("sol_rl_pool72", (0, 1)),
+    ("sol_rl_shuffled", (0, 1, 2)), ("sol_rl_art", (0, 1, 2)),
+]
+
+
+def run_file(name: str, seed: int) -> Path:
+    return RUN_DIR / f"{name}_seed{seed}.json"
+
+
+def command(name: str, seed: int) -> list[str]:
+    sets = [arg for s in COMMON for arg in ("--set", s)]
+    return [sys.executable, "-m", "bench.convergence", "--runs", name, "--seeds", str(seed),
+            "--iterations", str(ITERATIONS), *sets, "--json", str(run_file(name, seed))]
+
+
+def pending(only: list[str] | None, seeds: list[int] | None) -> list[tuple[str, int]]:
+    return [(name, seed) for name, plan_seeds in PLAN for seed in plan_seeds
+            if (only is None or name in only) and (seeds is None or seed in seeds)
+            and not run_file(name, seed).exists()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", type=lambda s: s.split(","), default=None, help=f"runs of: {', '.join(RUNS)}")
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=None)
+    parser.add_argument("--dry-run", action="store_true", help="print the commands of the missing runs")
+    parser.add_argument("--report", action="store_true", help="no training: tables and figures from the files")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.only or [] if n not in dict(PLAN)]
+    if unknown:
+        parser.error(f"--only: {', '.join(unknown)} not in the suite; its runs: {', '.join(dict(PLAN))}")
+    if not args.report:
+        todo = pending(args.only, args.seeds)
+        print(f"{len(todo)} run(s) missing", flush=True)
+        for name, seed in todo:
+            cmd = command(name, seed)
+            print(" ".join(cmd), flush=True)
+            if not args.dry_run:
+                subprocess.run(cmd, check=True)  # a failed run stops the suite; finished files stay
+        if args.dry_run:
+            return
+    from bench.evidence_report import report  # matplotlib and the tables: only when reporting
+
+    report(RUN_DIR, RESULTS)
+
+
+if __name__ == "__main__":
+    main()
