@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cluster.config import SolRLConfig, load_config
 from bench.plan import PAPER_GPUS, PAPER_ROLLOUT_S, PAPER_SHAPE, paper_costs
+from cluster.config import SolRLConfig, load_config
 from learner.trainer import Trainer
 
 # The cost model: counted work priced at the paper's SD3.5-L Table 5 rates (`bench.plan.paper_costs`), in
@@ -214,6 +214,12 @@ RUNS: dict[str, list[str]] = {
     "sol_rl_art": ["learner.algorithm=sol_rl", "learner.objective=art", "learner.decay.type=0"],
     **{f"sol_rl_explore{s}": ["learner.algorithm=sol_rl", f"explore.steps={s}"] for s in (2, 4, 8)},
     **{f"sol_rl_pool{n}": ["learner.algorithm=sol_rl", f"prompts.candidates={n}"] for n in (24, 48, 72)},
+    # Flow-GRPO: K-in-K like DiffusionNFT, its own objective and SDE rollouts, the source's 9 of 10 steps
+    "flow_grpo": ["learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
+                  "learner.timestep_fraction=0.9"],
+    # adaptive exploration (this project's): every seed 2 steps, the 48 ends of that ranking finish the 6
+    "sol_rl_halving": ["learner.algorithm=sol_rl", "explore.schedule=halving", "explore.halving_steps=2",
+                       "explore.halving_survivors=48"],
 }
 BASELINE = "diffusionnft"
 

@@ -24,13 +24,16 @@ RESULTS = Path("bench/results")
 RUN_DIR = RESULTS / "runs"
 ITERATIONS = 60
 COMMON = ["reward.weights={digit_margin: 1.0}"]
-# Which runs, with which seeds, in the order they are run: the headline comparison first.
-PLAN: list[tuple[str, tuple[int, ...]]] = [
-    ("diffusionnft", (0, 1, 2)), ("sol_rl", (0, 1, 2)),
-    ("naive_scaling", (0, 1, 2)), ("naive_quant", (0, 1, 2)),
-    ("sol_rl_explore2", (0, 1)), ("sol_rl_explore4", (0, 1)), ("sol_rl_explore8", (0, 1)),
-    ("sol_rl_pool24", (0, 1)), ("sol_rl_pool48", (0, 1)), ("sol_rl_pool72", (0, 1)),
-    ("sol_rl_shuffled", (0, 1, 2)), ("sol_rl_art", (0, 1, 2)),
+# The runs in the order they are made: the headline comparison and Table 1 first, then one seed of each
+# ablation, then the second seeds, then the third seeds of what has three.
+PLAN: list[tuple[str, int]] = [
+    *[(name, seed) for seed in (0, 1, 2) for name in ("diffusionnft", "sol_rl")],
+    *[(name, seed) for seed in (0, 1) for name in ("flow_grpo", "sol_rl_halving")],
+    *[(name, seed) for seed in (0, 1) for name in (
+        "sol_rl_explore2", "sol_rl_explore4", "sol_rl_explore8", "sol_rl_pool24", "sol_rl_pool48", "sol_rl_pool72",
+        "naive_scaling", "naive_quant", "sol_rl_shuffled", "sol_rl_art")],
+    *[(name, 2) for name in ("flow_grpo", "sol_rl_halving", "naive_scaling", "naive_quant", "sol_rl_shuffled",
+                             "sol_rl_art")],
 ]
 
 
@@ -45,9 +48,8 @@ def command(name: str, seed: int) -> list[str]:
 
 
 def pending(only: list[str] | None, seeds: list[int] | None) -> list[tuple[str, int]]:
-    return [(name, seed) for name, plan_seeds in PLAN for seed in plan_seeds
-            if (only is None or name in only) and (seeds is None or seed in seeds)
-            and not run_file(name, seed).exists()]
+    return [(name, seed) for name, seed in PLAN if (only is None or name in only)
+            and (seeds is None or seed in seeds) and not run_file(name, seed).exists()]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,9 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the commands of the missing runs")
     parser.add_argument("--report", action="store_true", help="no training: tables and figures from the files")
     args = parser.parse_args(argv)
-    unknown = [n for n in args.only or [] if n not in dict(PLAN)]
+    names = list(dict.fromkeys(name for name, _ in PLAN))
+    unknown = [n for n in args.only or [] if n not in names]
     if unknown:
-        parser.error(f"--only: {', '.join(unknown)} not in the suite; its runs: {', '.join(dict(PLAN))}")
+        parser.error(f"--only: {', '.join(unknown)} not in the suite; its runs: {', '.join(names)}")
     if not args.report:
         todo = pending(args.only, args.seeds)
         print(f"{len(todo)} run(s) missing", flush=True)

@@ -108,6 +108,27 @@ def cross_field_problem(config: SolRLConfig) -> tuple[tuple[str, ...], str] | No
             "target, the trust region and the restoration all refer to the policy at the iteration's start, "
             "which must be the sampling policy (ART replaces the EMA-lagged sampler); set learner.decay.type=0"
         )
+    explore = config.explore
+    if explore.schedule == "halving":
+        if not explore.halving_steps < explore.steps:
+            return ("explore.halving_steps", "explore.steps"), (
+                f"explore.halving_steps ({explore.halving_steps}) must be < explore.steps ({explore.steps}): the "
+                "cut comes before the pool finishes; lower halving_steps or use explore.schedule=fixed")
+        if not p.keep <= explore.halving_survivors <= p.candidates:
+            return ("explore.halving_survivors", "prompts.keep", "prompts.candidates"), (
+                f"explore.halving_survivors ({explore.halving_survivors}) must lie between prompts.keep ({p.keep}) "
+                f"and prompts.candidates ({p.candidates}): the survivors are what selection picks from")
+        if config.learner.selection != "best_worst" or config.learner.algorithm != "sol_rl":
+            return ("explore.schedule", "learner.selection", "learner.algorithm"), (
+                f"explore.schedule (halving) needs learner.algorithm = sol_rl and learner.selection = best_worst "
+                f"(given {config.learner.algorithm}, {config.learner.selection}): it keeps the two ends of the "
+                "ranking, which only best_worst selection of a low-precision pool uses")
+    if config.learner.objective == "flow_grpo" and config.learner.decay.type != 0:
+        return ("learner.objective", "learner.decay.type"), (
+            f"learner.objective (flow_grpo) needs learner.decay.type = 0 (given {config.learner.decay.type}): "
+            "PPO's ratio compares θ with the policy that sampled, which an EMA-lagged θ_old is not; set "
+            "learner.decay.type=0"
+        )
     if config.learner.art.pairwise and p.keep != 2:
         return ("learner.art.pairwise", "prompts.keep"), (
             f"learner.art.pairwise (true) needs prompts.keep = 2 (given {p.keep}): pairwise scores compare one "

@@ -43,6 +43,9 @@ class SamplerConfig(BaseModel):
     solver: Solver = "euler"
     steps: int = Field(10, ge=1)
     cfg_scale: float = Field(1.0, ge=1.0)
+    sde_noise_level: float = Field(0.7, gt=0, description="a of the flow_sde solver (Flow-GRPO's noise level), "
+                                   "wherever it samples: a solver set to flow_sde, or the flow_grpo objective's "
+                                   "rollouts")
 
 
 class ExploreConfig(BaseModel):
@@ -55,6 +58,12 @@ class ExploreConfig(BaseModel):
     solver: Solver | None = Field(None, description="None: the sampler's solver (the paper explores with the "
                                   "solver it regenerates with)")
     steps: int = Field(6, ge=1)
+    schedule: Literal["fixed", "halving"] = Field("fixed", description="fixed: every candidate takes every "
+                                                  "explore step (the paper); halving: successive halving, "
+                                                  "learner.rollouts.successive_halving (this project's)")
+    halving_steps: int = Field(2, ge=1, description="halving: the steps every candidate takes before the cut")
+    halving_survivors: int = Field(48, ge=2, description="halving: candidates that finish (half best, half "
+                                   "worst by the early proxy)")
     batch_size: int | None = Field(None, ge=1, description="candidates sampled per forward (None: a slot's N at "
                                    "once); bounds an explorer's activation memory")
     min_dim: int | None = Field(None, ge=0, description="None takes the model family's minimum")

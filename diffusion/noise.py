@@ -14,6 +14,7 @@ The streams (what the four integers mean):
     stream_generator(run, i, Stream.X) one choice of iteration i: prompt order, selection, trained
                                        timesteps, training noise, reward shuffle, ART windows
     lora_init_seed(run)                the LoRA initialisation (iteration 0, Stream.LORA_INIT)
+    sde_noise(seeds, step, shape)      the flow_sde solver's noise at one step, from each sample's seed
 
 The embedded world's base model and reward classifier are trained by their own scripts from a seed
 of their command line (`diffusion.embedded.train`, `rewards.train_digit_classifier`): they are not a
@@ -33,6 +34,7 @@ _SEED_BITS = 63  # torch.Generator.manual_seed takes up to 2**64 - 1; 63 bits st
 
 EVAL = -1  # the "iteration" of held-out evaluation seeds
 GRID = -2  # the "iteration" of sample-grid seeds
+SDE = -3  # the "iteration" of an SDE sampler's per-step noise (slot = the sample's seed, index = the step)
 
 
 class Stream(enum.IntEnum):
@@ -97,3 +99,11 @@ def initial_noise(
         generator = torch.Generator(device="cpu").manual_seed(int(seed))
         rows.append(torch.randn(tuple(shape), generator=generator, dtype=torch.float32))
     return torch.stack(rows).to(device=device, dtype=dtype)
+
+
+def sde_noise(seeds: Sequence[int], step: int, shape: Sequence[int], *,
+              device: torch.device | str = "cpu") -> torch.Tensor:
+    """ε ~ N(0, I) of an SDE sampler's step `step` for each seed: a function of (seed, step) alone, so an
+    SDE rollout is as reproducible and batch-independent as the initial noise."""
+    return initial_noise([derive_seed(int(seed) & ((1 << _SEED_BITS) - 1), SDE, 0, step) for seed in seeds],
+                         shape, device=device)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from diffusion.families import Conditioning, Family
-from diffusion.noise import initial_noise
+from diffusion.noise import initial_noise, sde_noise
 from diffusion.samplers import SampleResult, Solver, sample_ode
 
 
@@ -150,19 +150,32 @@ class FlowPolicy:
         transformer: nn.Module | None = None,
         return_states: bool = False,
         batch_size: int | None = None,
+        noise_level: float = 0.7,
+        span: tuple[int, int] | None = None,
+        start: torch.Tensor | None = None,
     ) -> SampleResult:
         """Sample one latent per (prompt, seed) pair; x_1 comes from the seed alone.
 
         Batches of `batch_size` are sampled independently and concatenated, so results do not
         depend on how candidates are grouped (up to the kernels' own batch invariance).
+
+        `span` = (a, b): only steps a..b of the `steps`-step grid, from `start` (the states at step a;
+        None: the seeds' noise, a = 0); an adaptive explorer stops the pool early and continues part of
+        it. Euler and flow_sde continue exactly; dpm2's multistep history restarts at a.
         """
         if len(prompts) != len(seeds):
             raise ValueError(f"got {len(prompts)} prompts for {len(seeds)} seeds: pass one prompt per seed")
-        sigmas = self.sigmas(steps, shift)
+        grid = self.sigmas(steps, shift)
+        first, last = span or (0, steps)
+        if not 0 <= first < last <= steps or (first > 0) != (start is not None):
+            raise ValueError(f"span {span} of a {steps}-step grid: need 0 <= a < b <= steps, and start states "
+                             "exactly when a > 0")
+        sigmas = grid[first : last + 1]
         size = batch_size or len(seeds)
         results = [
             self._sample_batch(prompts[i : i + size], seeds[i : i + size], sigmas, solver, cfg_scale,
-                               transformer, return_states)
+                               transformer, return_states, noise_level, first, float(grid[1]),
+                               None if start is None else start[i : i + size])
             for i in range(0, len(seeds), size)
         ]
         if len(results) == 1:
@@ -170,18 +183,24 @@ class FlowPolicy:
         states = None
         if return_states:
             states = [torch.cat([r.states[j] for r in results]) for j in range(len(sigmas))]  # type: ignore[index]
-        return SampleResult(x0=torch.cat([r.x0 for r in results]), sigmas=sigmas, states=states)
+        return SampleResult(x0=torch.cat([r.x0 for r in results]), sigmas=sigmas, states=states,
+                            x0_prediction=torch.cat([r.x0_prediction for r in results]))
 
-    def _sample_batch(self, prompts, seeds, sigmas, solver, cfg_scale, transformer, return_states):
+    def _sample_batch(self, prompts, seeds, sigmas, solver, cfg_scale, transformer, return_states, noise_level,
+                      first_step, sigma_max, start):
         cond = self.encode(prompts)
         uncond = self.encode([""] * len(prompts)) if cfg_scale != 1.0 else None
-        noise = initial_noise(seeds, self.latent_shape, device=self.device)
+        noise = initial_noise(seeds, self.latent_shape, device=self.device) if start is None else start.to(self.device)
 
         def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
             return self.velocity(x, sigma.to(self.device), cond, transformer=transformer,
                                  cfg_scale=cfg_scale, uncond=uncond)
 
-        return sample_ode(velocity, noise, sigmas.to(self.device), solver, return_states=return_states)
+        def step_noise(step: int) -> torch.Tensor:
+            return sde_noise(seeds, first_step + step, self.latent_shape, device=self.device)
+
+        return sample_ode(velocity, noise, sigmas.to(self.device), solver, return_states=return_states,
+                          step_noise=step_noise, noise_level=noise_level, sigma_max=sigma_max)
 
     # ---- images --------------------------------------------------------------------------------
     @torch.inference_mode()

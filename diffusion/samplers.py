@@ -1,11 +1,14 @@
-"""Deterministic ODE samplers for rectified-flow models.
+"""Samplers for rectified-flow models: two deterministic ODE solvers and Flow-GRPO's SDE.
 
 Convention (rectified flow): x_σ = (1 − σ)·x0 + σ·ε, the model predicts the velocity v = ε − x0,
 σ runs from 1 (noise) to 0 (data). The data prediction at a state is x̂0 = x_σ − σ·v.
 
 Both solvers walk the same σ grid, the one diffusers' `FlowMatchEulerDiscreteScheduler` builds for
 the model (time shift σ' = s·σ / (1 + (s − 1)·σ) included), so Euler here is step-for-step the
-diffusers / SD3 pipeline sampler. The 2nd-order multistep DPM-Solver++ is written out instead of
+diffusers / SD3 pipeline sampler. `flow_sde` is the stochastic sampler Flow-GRPO trains through
+(`flow_sde_transition`): an Euler–Maruyama step of an SDE with the ODE's marginals, whose Gaussian
+transitions give each step a log-probability; its noise comes from each sample's seed
+(`diffusion.noise.sde_noise`). The 2nd-order multistep DPM-Solver++ is written out instead of
 taken from diffusers because `DPMSolverMultistepScheduler(use_flow_sigmas=True)` uses another σ grid
 and feeds the model integer timesteps; the training objectives need the exact σ the sampler visited.
 """
@@ -19,8 +22,8 @@ from typing import Literal
 
 import torch
 
-Solver = Literal["euler", "dpm2"]
-SOLVERS: tuple[str, ...] = ("euler", "dpm2")
+Solver = Literal["euler", "dpm2", "flow_sde"]
+SOLVERS: tuple[str, ...] = ("euler", "dpm2", "flow_sde")
 
 # velocity(x_σ, σ) with σ a float32 tensor of shape [B]
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -48,6 +51,7 @@ class SampleResult:
     x0: torch.Tensor  # the final sample, float32
     sigmas: torch.Tensor  # the σ grid walked, [steps + 1]
     states: list[torch.Tensor] | None = None  # x at every σ of the grid (states[0] is the noise)
+    x0_prediction: torch.Tensor | None = None  # x̂0 = x_σ − σ·v at the last step taken
 
 
 def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
@@ -83,6 +87,32 @@ def dpm2_step(
     return (sigma_next / sigma) * x - alpha_next * (exp_neg_h - 1.0) * d
 
 
+def flow_sde_transition(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor,
+                        noise_level: float, sigma_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation of one step x_σ → x_σ' of Flow-GRPO's SDE (σ, σ' broadcastable to x).
+
+        std_σ = a·sqrt(σ / (1 − σ))            (σ = 1 in the denominator replaced by σ_max, the grid's
+                                                largest σ below 1)
+        mean  = x·(1 + std_σ²·dt / (2σ)) + v·(1 + std_σ²·(1 − σ) / (2σ))·dt,   dt = σ' − σ < 0
+        x_σ'  = mean + std_σ·sqrt(−dt)·ε
+
+    a → 0 gives the Euler step. yifan123/flow_grpo, `flow_grpo/diffusers_patch/sd3_sde_with_logprob.py`,
+    `sde_step_with_logprob` (sde_type "sde"). Returns (mean, std_σ·sqrt(−dt)), in float32.
+    """
+    x, v, sigma, sigma_next = x.float(), v.float(), sigma.float(), sigma_next.float()
+    dt = sigma_next - sigma
+    std = noise_level * torch.sqrt(sigma / (1 - torch.where(sigma == 1, torch.full_like(sigma, sigma_max), sigma)))
+    mean = x * (1 + std**2 / (2 * sigma) * dt) + v * (1 + std**2 * (1 - sigma) / (2 * sigma)) * dt
+    return mean, std * torch.sqrt(-dt)
+
+
+def gaussian_log_prob(x_next: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per sample, the mean over elements of log N(x_next; mean, scale²) ([B]); Flow-GRPO averages over
+    elements rather than summing, which keeps the PPO ratio near 1 at any resolution."""
+    log_p = -((x_next.detach() - mean) ** 2) / (2 * scale**2) - torch.log(scale) - 0.5 * math.log(2 * math.pi)
+    return log_p.mean(dim=tuple(range(1, log_p.dim())))
+
+
 def sample_ode(
     velocity: VelocityFn,
     noise: torch.Tensor,
@@ -90,31 +120,44 @@ def sample_ode(
     solver: Solver = "euler",
     *,
     return_states: bool = False,
+    step_noise: Callable[[int], torch.Tensor] | None = None,
+    noise_level: float = 0.7,
+    sigma_max: float | None = None,
 ) -> SampleResult:
-    """Integrate dx/dσ = v(x, σ) from σ = sigmas[0] (noise) to sigmas[-1] = 0.
+    """Integrate dx/dσ = v(x, σ) from σ = sigmas[0] (noise) to sigmas[-1] = 0 (`flow_sde`: its SDE,
+    with `step_noise(i)` the ε of step i, `noise_level` its a and `sigma_max` the largest σ below 1 of the
+    whole grid when `sigmas` is a part of it). `sigmas` may stop short of 0 (a first part of a grid):
+    `x0` is then the state reached, and `x0_prediction` the data prediction of the last step.
 
     The state is kept in float32 whatever dtype the model runs in (as diffusers does).
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}: choose one of {', '.join(SOLVERS)}")
+    if solver == "flow_sde" and step_noise is None:
+        raise ValueError("the flow_sde solver needs step_noise (diffusion.noise.sde_noise for the samples' seeds)")
     x = noise.to(torch.float32)
     grid = [float(s) for s in sigmas.tolist()]
     states = [x] if return_states else None
     x0_prev: torch.Tensor | None = None
+    x0_pred = x
     for i in range(len(grid) - 1):
         sigma, sigma_next = grid[i], grid[i + 1]
         sigma_batch = sigmas[i].to(torch.float32).expand(x.shape[0])
         v = velocity(x, sigma_batch).to(torch.float32)
+        x0_pred = x - sigma * v
         if solver == "euler":
             x = euler_step(x, v, sigmas[i], sigmas[i + 1])
+        elif solver == "flow_sde":
+            mean, scale = flow_sde_transition(x, v, sigmas[i], sigmas[i + 1], noise_level,
+                                              grid[1] if sigma_max is None else sigma_max)
+            x = mean + scale * step_noise(i).to(x.device)
         else:
-            x0 = x - sigma * v
             # The grid ends σ_min → 0 after a long stride in log-SNR (σ_min = 1/1000): a 2nd-order
             # extrapolation over it amplifies error, so the last two steps are first order.
             second_order = i > 0 and i < len(grid) - 3
-            x = dpm2_step(x, x0, x0_prev if second_order else None, grid[i - 1] if i > 0 else None,
+            x = dpm2_step(x, x0_pred, x0_prev if second_order else None, grid[i - 1] if i > 0 else None,
                           sigma, sigma_next)
-            x0_prev = x0
+            x0_prev = x0_pred
         if states is not None:
             states.append(x)
-    return SampleResult(x0=x, sigmas=sigmas, states=states)
+    return SampleResult(x0=x, sigmas=sigmas, states=states, x0_prediction=x0_pred)

@@ -67,6 +67,18 @@ class ARTConfig(BaseModel):
     pairwise: bool = Field(False, description="replace rewards by winner 1 / loser 0 / tie 0.5 (K = 2)")
 
 
+class GRPOConfig(BaseModel):
+    """Flow-GRPO (`learner.flow_grpo`); defaults of yifan123/flow_grpo. Its SDE's noise level is the
+    sampler's `sde_noise_level`, and the share of the rollout's steps trained is `timestep_fraction`
+    (the source: 0.99 of 10 → 9)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    clip_range: float = Field(1e-4, gt=0, description="ε of PPO's clipped ratio")
+    adv_clip_max: float = Field(5.0, gt=0)
+    kl_weight: float = Field(0.04, ge=0, description="β of the KL to the reference policy")
+
+
 class DecayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -127,6 +139,7 @@ class LearnerConfig(BaseModel):
     shuffle_rewards: bool = Field(False, description="control run: permute each prompt's rewards")
     nft: NFTConfig = NFTConfig()
     art: ARTConfig = ARTConfig()
+    grpo: GRPOConfig = GRPOConfig()
     decay: DecayConfig = DecayConfig()
 
 

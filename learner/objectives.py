@@ -1,4 +1,4 @@
-"""Training objectives on tensors: DiffusionNFT, and DiffusionART (in `learner.art`).
+"""Training objectives on tensors: DiffusionNFT, DiffusionART (in `learner.art`), Flow-GRPO (`learner.flow_grpo`).
 
 Rectified flow: x_t = (1 − t)·x0 + t·ε, velocity v = ε − x0, data prediction x̂0 = x_t − t·v.
 DiffusionNFT trains only on clean samples x0, re-noised on the forward process at the sampler's own
@@ -13,7 +13,7 @@ import torch
 
 from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows, trust_mask
 
-Objective = Literal["nft", "art"]  # the update loops of each: `learner.updates.OBJECTIVES`
+Objective = Literal["nft", "art", "flow_grpo"]  # the update loops of each: `learner.updates.OBJECTIVES`
 
 __all__ = [
     "Objective",

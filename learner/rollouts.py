@@ -35,22 +35,36 @@ class Sampling:
     solver: Solver
     cfg_scale: float = 1.0
     batch_size: int | None = None  # samples per forward; None: all at once (results do not depend on it)
+    noise_level: float = 0.7  # the flow_sde solver's a
+    halving: tuple[int, int] | None = None  # a pool's (first steps, survivors): `successive_halving`; None: one pass
+
+    def pool_steps(self, candidates: int) -> int:
+        """Sample-steps of a pool of `candidates` (the explore cost `bench.convergence` prices)."""
+        if self.halving is None:
+            return candidates * self.steps
+        first, survivors = self.halving
+        return candidates * first + survivors * (self.steps - first)
 
 
-def regeneration_sampling(config: TrainerConfig) -> Sampling:
-    """The learner's full-precision sampling (regeneration and the pools that are trained on)."""
-    return Sampling(config.sampler.steps, config.sampler.solver, config.sampler.cfg_scale)
+def regeneration_sampling(config: TrainerConfig, solver: Solver | None = None) -> Sampling:
+    """The learner's full-precision sampling (regeneration and the pools that are trained on); `solver`:
+    the one the objective trains through, when it has one (`learner.updates.ObjectiveSpec.rollout_solver`)."""
+    return Sampling(config.sampler.steps, solver or config.sampler.solver, config.sampler.cfg_scale,
+                    noise_level=config.sampler.sde_noise_level)
 
 
 def exploration_sampling(config: TrainerConfig) -> Sampling:
     """The explorers' ranking pass: the explore steps, the explore solver (the sampler's by default)."""
-    return Sampling(config.explore.steps, config.explore.solver or config.sampler.solver, config.sampler.cfg_scale,
-                    config.explore.batch_size)
+    explore = config.explore
+    halving = (explore.halving_steps, explore.halving_survivors) if explore.schedule == "halving" else None
+    return Sampling(explore.steps, explore.solver or config.sampler.solver, config.sampler.cfg_scale,
+                    explore.batch_size, config.sampler.sde_noise_level, halving)
 
 
 def evaluation_sampling(config: TrainerConfig) -> Sampling:
     """Held-out evaluation and sample grids: `eval.steps`, the sampler's solver and guidance."""
-    return Sampling(config.eval.steps, config.sampler.solver, config.sampler.cfg_scale)
+    return Sampling(config.eval.steps, config.sampler.solver, config.sampler.cfg_scale,
+                    noise_level=config.sampler.sde_noise_level)
 
 
 @dataclass
@@ -125,18 +139,46 @@ def generate(
         metadata = list(metadata) * len(seeds)
     result = policy.sample(prompts, list(seeds), steps=sampling.steps, solver=sampling.solver,
                            cfg_scale=sampling.cfg_scale, transformer=transformer, return_states=return_states,
-                           batch_size=sampling.batch_size)
-    rewards, details, images = None, {}, None
-    if reward is not None or return_images:
-        images = policy.decode(result.x0)
-    if reward is not None:
-        if hasattr(reward, "score_and_details"):
-            rewards, details = reward.score_and_details(images, prompts, metadata)
-        else:
-            rewards = reward(images, prompts, metadata)
-        rewards = rewards.float()
+                           batch_size=sampling.batch_size, noise_level=sampling.noise_level)
+    images = policy.decode(result.x0) if reward is not None or return_images else None
+    rewards, details = score(reward, images, prompts, metadata)
     return Generated(list(seeds), result.x0, rewards, result.states, details,
                      images if return_images else None, time.perf_counter() - start)
+
+
+def score(reward: Reward | None, images: torch.Tensor | None, prompts: list[str],
+          metadata: Sequence[Metadata] | None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The reward of decoded images (float32 [B]) and its details; (None, {}) without a reward."""
+    if reward is None:
+        return None, {}
+    if hasattr(reward, "score_and_details"):
+        rewards, details = reward.score_and_details(images, prompts, metadata)
+        return rewards.float(), details
+    return reward(images, prompts, metadata).float(), {}
+
+
+def successive_halving(policy: FlowPolicy, engine: nn.Module | None, reward: Reward, prompt: str,
+                       seeds: Sequence[int], sampling: Sampling,
+                       metadata: Metadata | None = None) -> tuple[list[int], torch.Tensor]:
+    """Adaptive exploration (this project's, not the paper's; docs/benchmarks.md measures it): every seed
+    runs the first `f` steps of the explore grid and is scored on its data prediction x̂0 there; the middle
+    of that ranking is dropped, and only the M survivors (the M/2 best and M/2 worst: the ones best_worst
+    selection can pick) finish the grid and get their final proxy. Cost N·f + M·(S − f) sample-steps
+    instead of N·S. Returns the survivors' seeds (in pool order) and final proxies."""
+    first, survivors = sampling.halving
+    prompts, seeds = [prompt] * len(seeds), list(seeds)
+    meta = None if metadata is None else [metadata] * len(seeds)
+    kwargs = dict(steps=sampling.steps, solver=sampling.solver, cfg_scale=sampling.cfg_scale, transformer=engine,
+                  batch_size=sampling.batch_size, noise_level=sampling.noise_level)
+    early = policy.sample(prompts, seeds, span=(0, first), **kwargs)
+    early_scores, _ = score(reward, policy.decode(early.x0_prediction), prompts, meta)
+    order = torch.argsort(early_scores, descending=True, stable=True)
+    kept = torch.cat([order[: survivors // 2], order[len(order) - (survivors - survivors // 2):]]).sort().values
+    rows = kept.tolist()
+    late = policy.sample(prompts[: len(rows)], [seeds[i] for i in rows], span=(first, sampling.steps),
+                         start=early.x0[kept], **kwargs)
+    final, _ = score(reward, policy.decode(late.x0), prompts[: len(rows)], None if meta is None else meta[: len(rows)])
+    return [seeds[i] for i in rows], final
 
 
 def explore_group(
@@ -152,6 +194,11 @@ def explore_group(
     policy_version: int,
     metadata: Metadata | None = None,
 ) -> RankedGroup:
-    """Sample every seed with the explore engine, score it, keep (seed, proxy reward)."""
+    """Sample every seed with the explore engine, score it, keep (seed, proxy reward); with a halving
+    schedule only the survivors are kept (`successive_halving`)."""
+    if sampling.halving is not None:
+        start = time.perf_counter()
+        kept, proxy = successive_halving(policy, engine, reward, prompt, seeds, sampling, metadata)
+        return RankedGroup(iteration, slot, prompt, kept, proxy, policy_version, time.perf_counter() - start)
     out = generate(policy, engine, reward, prompt, seeds, sampling, metadata=metadata)
     return RankedGroup(iteration, slot, prompt, list(seeds), out.rewards, policy_version, out.seconds)

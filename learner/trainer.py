@@ -99,7 +99,7 @@ class Trainer:
         self.engine = ExploreEngine(self.policy, config.explore) if local else None
         self.state = TrainingState.from_policy(self.policy, config.training,
                                                seed=lora_init_seed(self.seed))
-        self.regen_sampling = regeneration_sampling(config)
+        self.regen_sampling = regeneration_sampling(config, self.objective.rollout_solver)
         self.explore_sampling = exploration_sampling(config)
         self.eval_sampling = evaluation_sampling(config)
         self.prompt_set = load_prompt_set(config.prompts.source)
@@ -139,7 +139,7 @@ class Trainer:
 
     def explore_ranked(self, iteration: int, slot: int, prompt: str) -> RankedGroup:
         """What an explorer actor returns for one slot, computed here (sol_rl without actors)."""
-        self.counters["lp_sample_steps"] += self.config.prompts.candidates * self.explore_sampling.steps
+        self.counters["lp_sample_steps"] += self.explore_sampling.pool_steps(self.config.prompts.candidates)
         seeds = candidate_seeds(self.seed, iteration, slot, self.config.prompts.candidates)
         return explore_group(self.policy, self._engine(), self.reward, iteration=iteration, slot=slot,
                              prompt=prompt, seeds=seeds, sampling=self.explore_sampling, policy_version=self.version,
@@ -183,7 +183,8 @@ class Trainer:
         context = UpdateContext(self.policy, self.state, self.config.learner, self.policy.sigmas(
             self.regen_sampling.steps), self.seed, iteration,
             slots=list(range(len(groups))) if slots is None else slots,
-            batch_slots=len(groups) if slots is None else self.config.prompts.per_iteration, shard=self.shard)
+            batch_slots=len(groups) if slots is None else self.config.prompts.per_iteration, shard=self.shard,
+            sde_noise_level=self.config.sampler.sde_noise_level)
         metrics = self.objective.update(context, groups, advantages)
         self.counters["train_passes"] += context.passes
         return metrics

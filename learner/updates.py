@@ -3,6 +3,7 @@
     objective  advantages                                   update
     nft        per-prompt centred, globally scaled (mode)   one step of the NFT loss on re-noised x0
     art        raw rewards (or pairwise winner/loser)       two steps, one per window, on visited states
+    flow_grpo  per-prompt centred, globally scaled (mode)   one step of PPO-clip on the SDE rollout's steps
 
 Each is an `ObjectiveSpec` in `OBJECTIVES`; the trainer calls `spec.advantages` then `spec.update`.
 A micro-batch whose loss is NaN or ±inf is dropped (no backward; the official loop zeroes that loss,
@@ -16,6 +17,7 @@ gradients are summed over the ranks before the step.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +28,12 @@ from torch import nn
 
 from diffusion.noise import Stream, stream_generator
 from diffusion.policy import FlowPolicy
+from diffusion.samplers import Solver, flow_sde_transition, gaussian_log_prob
 from learner.advantages import compute_advantages
 from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows
 from learner.config import LearnerConfig
 from learner.data_parallel import ALONE, Shard
+from learner.flow_grpo import flow_grpo_loss
 from learner.objectives import nft_loss, trained_timestep_indices
 from learner.rollouts import Group
 from learner.training_state import TrainingState
@@ -48,6 +52,7 @@ class UpdateContext:
     slots: list[int]  # the batch slot of each group the update sees (this rank's, in a learner group)
     batch_slots: int  # slots in the whole batch
     shard: Shard = ALONE
+    sde_noise_level: float = 0.7  # the flow_sde solver's a (`sampler.sde_noise_level`)
     passes: int = 0  # per-sample model passes so far: a forward counts 1, a forward with its backward 3
 
     def generator(self, stream: Stream, index: int = 0) -> torch.Generator:
@@ -196,14 +201,62 @@ def art_update(ctx: UpdateContext, groups: list[Group], scores: torch.Tensor) ->
     return metrics
 
 
+def grpo_update(ctx: UpdateContext, groups: list[Group], advantages: torch.Tensor) -> dict[str, float]:
+    """One optimizer step of Flow-GRPO (`learner.flow_grpo`) over every sample's trained SDE steps: a share
+    of the rollout's steps, shuffled per sample (as the NFT update picks its timesteps). The rollout came
+    from θ_old through the flow_sde solver; config validation holds decay at 0, so θ_old is θ at this
+    step and log π_old is log π_θ detached (the source records it while sampling; recomputing it would
+    be one more forward for the same number). With one step per iteration the ratio is 1 and the clip
+    does not bind, as in the first step of each of the source's epochs."""
+    cfg, grpo, dev = ctx.learner, ctx.learner.grpo, ctx.policy.device
+    advantages = advantages.flatten()
+    states = torch.stack([torch.cat([g.samples.states[k] for g in groups]) for k in range(len(ctx.sigmas))])
+    prompts = [g.prompt for g in groups for _ in range(g.samples.x0.shape[0])]
+    keep = groups[0].samples.x0.shape[0]
+    rows = torch.cat([torch.arange(s * keep, (s + 1) * keep) for s in ctx.slots])
+    steps = len(ctx.sigmas) - 1
+    idx = trained_timestep_indices(ctx.batch_slots * keep, steps, cfg.timestep_fraction,
+                                   ctx.generator(Stream.TIMESTEPS))
+    batches, count, sigma_max = MicroBatches(ctx.state, ctx.shard), idx.numel(), float(ctx.sigmas[1])
+    idx = idx[rows]
+    for j in range(idx.shape[1]):
+        k = idx[:, j]
+        x, x_next = states[k, torch.arange(len(k))], states[k + 1, torch.arange(len(k))]
+        sigma, sigma_next = ctx.sigmas[k].view(-1, 1, 1, 1), ctx.sigmas[k + 1].view(-1, 1, 1, 1)
+        for s in range(0, len(x), cfg.micro_batch):
+            mb = slice(s, s + cfg.micro_batch)
+            xs, sig, sig_next = x[mb].to(dev), sigma[mb].to(dev), sigma_next[mb].to(dev)
+            t_mb = ctx.sigmas[k[mb]].to(dev)
+            transition = functools.partial(flow_sde_transition, xs, sigma=sig, sigma_next=sig_next,
+                                           noise_level=ctx.sde_noise_level, sigma_max=sigma_max)
+
+            mean_ref = None
+            if grpo.kl_weight > 0:
+                with ctx.state.use("reference") as model:
+                    mean_ref, _ = transition(ctx.velocity(model, xs, t_mb, prompts[mb]))
+            with ctx.state.use("theta") as model:
+                mean_theta, scale = transition(ctx.velocity(model, xs, t_mb, prompts[mb]))
+                log_prob = gaussian_log_prob(x_next[mb].to(dev), mean_theta, scale)
+                std = (scale / torch.sqrt(sig - sig_next)).view(-1)
+                loss, _ = flow_grpo_loss(log_prob, log_prob.detach(), advantages[mb].to(dev), mean_theta,
+                                            mean_theta.detach() if mean_ref is None else mean_ref, std,
+                                            clip_range=grpo.clip_range, adv_clip_max=grpo.adv_clip_max,
+                                            kl_weight=grpo.kl_weight)
+                batches.backward(loss, xs.shape[0] / count)
+    grad_norm = batches.step()
+    return {"loss": batches.total, "grad_norm": grad_norm, "dropped_micro_batches": batches.dropped}
+
+
 @dataclass(frozen=True)
 class ObjectiveSpec:
     advantages: Callable[[torch.Tensor, LearnerConfig], torch.Tensor]  # rewards [P, K] → what update weighs
     update: Callable[[UpdateContext, list[Group], torch.Tensor], dict[str, float]]
     needs_states: bool  # whether the update trains on the rollout's visited states (not only x0)
+    rollout_solver: Solver | None = None  # the solver its training samples must come from; None: the sampler's
 
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     "nft": ObjectiveSpec(nft_advantages, nft_update, needs_states=False),
     "art": ObjectiveSpec(art_advantages, art_update, needs_states=True),
+    "flow_grpo": ObjectiveSpec(nft_advantages, grpo_update, needs_states=True, rollout_solver="flow_sde"),
 }

@@ -17,19 +17,22 @@ def theta(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "fp_steps", "lp_steps"),
+    ("algorithm", "fp_steps", "pool_steps", "lp_steps"),
     [
-        ("diffusionnft", 2 * 4 * 4, 0),  # K samples at full precision
-        ("naive_scaling", 2 * 8 * 4, 0),  # N at full precision
-        ("naive_quant", 0, 2 * 8 * 4),  # N at low precision, train steps
-        ("sol_rl", 2 * 4 * 4, 2 * 8 * 3),  # N at low precision, explore steps + K regenerated
+        ("diffusionnft", 2 * 4 * 4, 0, 0),  # K samples at full precision
+        ("naive_scaling", 0, 2 * 8 * 4, 0),  # a pool of N at full precision
+        ("naive_quant", 0, 0, 2 * 8 * 4),  # N at low precision, train steps
+        ("sol_rl", 2 * 4 * 4, 0, 2 * 8 * 3),  # N at low precision, explore steps + K regenerated
     ],
 )
-def test_algorithms_sample_what_the_paper_says(algorithm, fp_steps, lp_steps, small_trainer):
+def test_algorithms_sample_what_the_paper_says(algorithm, fp_steps, pool_steps, lp_steps, small_trainer):
     trainer = small_trainer(f"learner.algorithm={algorithm}")
     before = theta(trainer)
     metrics = trainer.train_iteration(0)
-    assert (metrics["fp_sample_steps"], metrics["lp_sample_steps"]) == (fp_steps, lp_steps)
+    assert (metrics["fp_sample_steps"], metrics["fp_pool_sample_steps"], metrics["lp_sample_steps"]) == (
+        fp_steps, pool_steps, lp_steps)
+    # P·K samples × ⌊0.6·4⌋ = 2 trained timesteps × (θ forward + backward 3, θ_old 1, reference 1)
+    assert metrics["train_passes"] == 2 * 4 * 2 * 5
     assert trainer.version == 1 and not metrics.get("skipped")
     assert any(not torch.equal(before[k], v) for k, v in theta(trainer).items()), "θ must move"
     assert ("rank_spearman" in metrics) == (algorithm == "sol_rl")
