@@ -182,7 +182,7 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -> None:
+def plot(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path, ylabel: str = "held-out reward") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -190,14 +190,14 @@ def plot(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for (clock, label), ax in zip((("iteration", "iteration"), ("wall_s", "measured wall time (s, CPU)"),
-                                   ("modeled_s", "modeled GPU time (s, cost model)")), axes, strict=True):
+                                   ("modeled_s", "modeled GPU time (GPU-s at the paper's SD3.5-L rates)")), axes, strict=True):
         for name, by_seed in runs.items():
             xs = np.array([[p[clock] for p in pts] for pts in by_seed.values()])
             ys = np.array([[p["eval_reward"] for p in pts] for pts in by_seed.values()])
             line, = ax.plot(xs.mean(0), ys.mean(0), marker="o", ms=3, label=name)
             ax.fill_between(xs.mean(0), ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
         ax.set_xlabel(label)
-        ax.set_ylabel("held-out digit_alignment")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle("Held-out reward (mean over run seeds, band = min–max)")

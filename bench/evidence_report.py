@@ -1,0 +1,143 @@
+"""The evidence suite's report: every run file merged, the paper's tables rebuilt beside its numbers,
+figures with per-seed bands. Written by `python -m bench.evidence --report` (no training).
+
+Outputs: `docs/evidence.md` (the tables, generated: edit this module, not the file),
+`bench/results/evidence.json` (the tables' numbers and every run's points) and
+`bench/results/evidence_<group>.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.convergence import BASELINE, add_modeled_cost, first_reach, load_runs, plot, speedups
+
+Runs = dict[str, dict[int, list[dict[str, Any]]]]
+
+# The paper's rows (REFERENCE §1; HPSv2 unless said): what each table is put beside.
+PAPER_TABLE_1 = {"flow_grpo": 0.3501, "diffusionnft": 0.3613, "sol_rl": 0.3688}  # FLUX, equal GPU-hours
+PAPER_TABLE_2 = {2: 0.3587, 4: 0.3650, 6: 0.3686, 8: 0.3659}  # explore steps, SD3.5-M?, HPSv2
+PAPER_TABLE_3 = {24: 0.3569, 48: 0.3622, 72: 0.3663, 96: 0.3686}  # pool size N with K = 24
+EXPLORE_RUNS = {2: "sol_rl_explore2", 4: "sol_rl_explore4", 6: "sol_rl", 8: "sol_rl_explore8"}
+POOL_RUNS = {24: "sol_rl_pool24", 48: "sol_rl_pool48", 72: "sol_rl_pool72", 96: "sol_rl"}
+CONVERGENCE_RUNS = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl", "sol_rl_halving", "flow_grpo",
+                    "sol_rl_shuffled", "sol_rl_art")
+FIGURES = {"algorithms": ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl", "flow_grpo"),
+           "explore_steps": tuple(EXPLORE_RUNS.values()), "pool_size": tuple(POOL_RUNS.values()),
+           "controls": ("diffusionnft", "sol_rl", "sol_rl_shuffled", "sol_rl_art", "sol_rl_halving")}
+
+
+def load_all(run_dir: Path) -> Runs:
+    runs: Runs = {}
+    for path in sorted(run_dir.glob("*.json")):
+        loaded, _ = load_runs(path)
+        for name, by_seed in loaded.items():
+            runs.setdefault(name, {}).update(by_seed)
+    add_modeled_cost(runs)
+    return runs
+
+
+def reward_at(points: list[dict[str, Any]], clock: str, when: float) -> float:
+    """The held-out reward at `when` on `clock`, interpolated between evaluations (nan past the run)."""
+    xs, ys = [p[clock] for p in points], [p["eval_reward"] for p in points]
+    return float(np.interp(when, xs, ys)) if when <= xs[-1] else math.nan
+
+
+def spread(values: list[float], digits: int = 3) -> str:
+    """mean (min–max) [per seed: a, b, c]."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "—"
+    per_seed = ", ".join(f"{v:.{digits}f}" for v in values)
+    return f"{np.mean(finite):.{digits}f} ({min(finite):.{digits}f}–{max(finite):.{digits}f}) [{per_seed}]"
+
+
+def seeds_of(runs: Runs, names: tuple[str, ...] | list[str]) -> list[int]:
+    """The seeds every run of `names` that exists has, and the baseline too."""
+    present = [runs[n] for n in names if n in runs] + [runs.get(BASELINE, {})]
+    return sorted(set.intersection(*(set(r) for r in present))) if present else []
+
+
+def convergence_table(runs: Runs) -> tuple[str, dict]:
+    names = [n for n in CONVERGENCE_RUNS if n in runs]
+    summary = speedups({n: runs[n] for n in names}) if BASELINE in runs else {}
+    lines = ["| run | seeds | held-out reward: final | speedup to diffusionnft's final reward, iterations | "
+             "speedup, modeled GPU time |", "|---|---|---|---|---|"]
+    for name in names:
+        row = summary.get(name)
+        if row is None:
+            continue
+        lines.append(f"| {name} | {len(row['final_eval_reward'])} | {spread(row['final_eval_reward'])} | "
+                     f"{spread(row['iteration']['per_seed'], 2)} | {spread(row['modeled_s']['per_seed'], 2)} |")
+    return "\n".join(lines), summary
+
+
+def equal_time_table(runs: Runs) -> tuple[str, dict]:
+    """Table 1: each run's held-out reward at the budget every run of the table reached (per seed: the
+    smallest final modeled time among them)."""
+    names = [n for n in PAPER_TABLE_1 if n in runs]
+    seeds = seeds_of(runs, names)
+    out: dict[str, Any] = {"seeds": seeds, "budget_s": {}, "reward": {n: [] for n in names}}
+    for seed in seeds:
+        budget = min(runs[n][seed][-1]["modeled_s"] for n in names)
+        out["budget_s"][seed] = budget
+        for n in names:
+            out["reward"][n].append(reward_at(runs[n][seed], "modeled_s", budget))
+    lines = ["| run | held-out `digit_margin` at equal modeled GPU time | paper (FLUX, HPSv2) |", "|---|---|---|"]
+    lines += [f"| {n} | {spread(out['reward'][n])} | {PAPER_TABLE_1[n]:.4f} |" for n in names]
+    return "\n".join(lines), out
+
+
+def ablation_table(runs: Runs, rows: dict[int, str], paper: dict[int, float], label: str) -> tuple[str, dict]:
+    """Tables 2 and 3: per setting, the final held-out reward and the modeled time to diffusionnft's final
+    reward (per seed; ∞: not reached)."""
+    names = [rows[k] for k in rows if rows[k] in runs]
+    seeds = seeds_of(runs, names)
+    out: dict[str, Any] = {"seeds": seeds}
+    lines = [f"| {label} | run | final held-out reward | modeled GPU time to diffusionnft's final reward (s) | "
+             "paper (HPSv2) |", "|---|---|---|---|---|"]
+    for key, name in rows.items():
+        if name not in runs:
+            continue
+        final = [runs[name][s][-1]["eval_reward"] for s in seeds]
+        reach = [first_reach(runs[name][s], runs[BASELINE][s][-1]["eval_reward"], "modeled_s") for s in seeds]
+        out[name] = {"final": final, "time_to_target_s": reach}
+        lines.append(f"| {key} | {name} | {spread(final)} | {spread(reach, 0)} | {paper[key]:.4f} |")
+    return "\n".join(lines), out
+
+
+def report(run_dir: Path, results: Path, doc: Path = Path("docs/evidence.md")) -> None:
+    runs = load_all(run_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    if BASELINE not in runs:
+        raise SystemExit(f"no {BASELINE} run in {run_dir}: it sets every table's target")
+    sections, numbers = [], {}
+    text, numbers["convergence"] = convergence_table(runs)
+    sections.append(("Convergence (the paper's Figure/Table 6 protocol): speedup to diffusionnft's final "
+                     "held-out reward", text))
+    text, numbers["table1"] = equal_time_table(runs)
+    sections.append(("Table 1: held-out reward at equal modeled GPU time", text))
+    text, numbers["table2"] = ablation_table(runs, EXPLORE_RUNS, PAPER_TABLE_2, "explore steps")
+    sections.append(("Table 2: explore steps (N = 96, K = 24)", text))
+    text, numbers["table3"] = ablation_table(runs, POOL_RUNS, PAPER_TABLE_3, "pool N")
+    sections.append(("Table 3: pool size (K = 24, 6 explore steps)", text))
+    inventory = "\n".join(f"- `{n}`: seeds {sorted(by_seed)}" for n, by_seed in sorted(runs.items()))
+    sections.append(("Runs in this report", inventory))
+
+    body = "\n\n".join(f"## {title}\n\n{text}" for title, text in sections)
+    doc.write_text("# Evidence on the embedded world (generated)\n\nWritten by `python -m bench.evidence "
+                   "--report` from `bench/results/runs/*.json`; do not edit by hand. Cells: mean (min–max) "
+                   "[per seed]. The discussion is in [benchmarks.md](benchmarks.md).\n\n" + body + "\n")
+    print(body)
+    for group, names in FIGURES.items():
+        subset = {n: {s: runs[n][s] for s in seeds_of(runs, [m for m in names if m in runs])}
+                  for n in names if n in runs}
+        if len(subset) > 1:
+            plot(subset, results / f"evidence_{group}.png", ylabel="held-out digit_margin")
+    (results / "evidence.json").write_text(json.dumps({"tables": numbers, "runs": runs}, indent=1, default=str) + "\n")
+    print(f"wrote {doc}, {results / 'evidence.json'} and the figures")
