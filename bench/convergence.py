@@ -189,8 +189,9 @@ def plot(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path, ylabel: s
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for (clock, label), ax in zip((("iteration", "iteration"), ("wall_s", "measured wall time (s, CPU)"),
-                                   ("modeled_s", "modeled GPU time (GPU-s at the paper's SD3.5-L rates)")), axes, strict=True):
+    clocks = (("iteration", "iteration"), ("wall_s", "measured wall time (s, CPU)"),
+              ("modeled_s", "modeled GPU time (GPU-s at the paper's SD3.5-L rates)"))
+    for (clock, label), ax in zip(clocks, axes, strict=True):
         for name, by_seed in runs.items():
             xs = np.array([[p[clock] for p in pts] for pts in by_seed.values()])
             ys = np.array([[p["eval_reward"] for p in pts] for pts in by_seed.values()])
