@@ -25,7 +25,7 @@ def test_embedded_preset_loads_with_overrides():
         ("explore.precision=int3", r"explore\.precision: Input should be 'nvfp4', 'nvfp4_w4a16', 'fp8' or 'none'"),
         ("explore.stepz=3", r"explore\.stepz: unknown field"),
         ("sampler.steps=0", r"sampler\.steps: Input should be greater than or equal to 1"),
-        ("sampler.solver=heun", r"sampler\.solver: Input should be 'euler' or 'dpm2'"),
+        ("sampler.solver=heun", r"sampler\.solver: Input should be 'euler', 'dpm2' or 'flow_sde'"),
         ("reward.weights={no_such_reward: 1.0}", r"reward\.weights: .*unknown reward.*digit_alignment"),
         ("explore.precision", r"write it as key\.path=value"),
     ],
