@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo demo-local test lint bench world clean-venv
+.PHONY: demo demo-local test lint bench bench-alignment world clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,11 +37,22 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# Benchmarks (not tests): each prints a table and writes JSON under bench/results/.
+# Benchmarks (not tests): each prints a table and writes JSON under bench/results/. The evidence suite
+# (hours on two cores) is one process per training run and resumes where it stopped: a run whose
+# bench/results/runs/ file exists is not run again; it ends by writing docs/evidence.md and the figures.
 bench: $(STAMP)
 	$(PY) -m bench.rank_fidelity --prompts 30 --json bench/results/rank_fidelity.json
+	$(PY) -m bench.rank_fidelity --prompts 30 --set "reward.weights={digit_margin: 1.0}" \
+		--json bench/results/rank_fidelity_margin.json
+	$(PY) -m bench.adaptive_explore --prompts 24 --set "reward.weights={digit_margin: 1.0}" \
+		--json bench/results/adaptive_explore.json
 	$(PY) -m bench.weight_sync --json bench/results/weight_sync.json
 	$(PY) -m bench.cluster_throughput --json bench/results/cluster_throughput.json
+	$(PY) -m bench.evidence
+
+# The first convergence study, on digit_alignment (log p, which saturates): kept as the record of why the
+# evidence suite trains on digit_margin.
+bench-alignment: $(STAMP)
 	for s in 0 1 2; do $(PY) -m bench.convergence --iterations 60 --seeds $$s --eval-every 4 \
 		--set eval.seeds_per_prompt=48 --json bench/results/convergence_seed$$s.json || exit 1; done
 	$(PY) -m bench.convergence --merge bench/results/convergence_seed0.json bench/results/convergence_seed1.json \

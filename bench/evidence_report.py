@@ -49,12 +49,18 @@ def reward_at(points: list[dict[str, Any]], clock: str, when: float) -> float:
 
 
 def spread(values: list[float], digits: int = 3) -> str:
-    """mean (min–max) [per seed: a, b, c]."""
+    """mean (min–max) [per seed: a, b, c] over the finite values; a seed whose value is not finite (a target
+    never reached) shows as "never", and is left out of the mean."""
     finite = [v for v in values if math.isfinite(v)]
+    per_seed = ", ".join(f"{v:.{digits}f}" if math.isfinite(v) else "never" for v in values)
     if not finite:
-        return "—"
-    per_seed = ", ".join(f"{v:.{digits}f}" for v in values)
+        return f"never [{per_seed}]"
     return f"{np.mean(finite):.{digits}f} ({min(finite):.{digits}f}–{max(finite):.{digits}f}) [{per_seed}]"
+
+
+def never_as_nan(ratios: list[float]) -> list[float]:
+    """`speedups` writes 0 for a run that never reached the target: shown as "never", not as a speedup."""
+    return [r if r > 0 else math.nan for r in ratios]
 
 
 def seeds_of(runs: Runs, names: tuple[str, ...] | list[str]) -> list[int]:
@@ -66,14 +72,20 @@ def seeds_of(runs: Runs, names: tuple[str, ...] | list[str]) -> list[int]:
 def convergence_table(runs: Runs) -> tuple[str, dict]:
     names = [n for n in CONVERGENCE_RUNS if n in runs]
     summary = speedups({n: runs[n] for n in names}) if BASELINE in runs else {}
-    lines = ["| run | seeds | held-out reward: final | speedup to diffusionnft's final reward, iterations | "
-             "speedup, modeled GPU time |", "|---|---|---|---|---|"]
+    lines = ["| run | seeds | final held-out `digit_margin` | final accuracy | final log p (`digit_alignment`) | "
+             "speedup to diffusionnft's final reward, iterations | speedup, modeled GPU time |",
+             "|---|---|---|---|---|---|---|"]
     for name in names:
         row = summary.get(name)
         if row is None:
             continue
-        lines.append(f"| {name} | {len(row['final_eval_reward'])} | {spread(row['final_eval_reward'])} | "
-                     f"{spread(row['iteration']['per_seed'], 2)} | {spread(row['modeled_s']['per_seed'], 2)} |")
+        seeds = [s for s in runs[name] if s in runs[BASELINE]]  # the order of `speedups`' per-seed lists
+        alignment = [runs[name][s][-1].get("eval_digit_alignment", math.nan) for s in seeds]
+        accuracy = [math.nan if a is None else a for a in row["final_eval_accuracy"]]
+        lines.append(f"| {name} | {len(seeds)} | {spread(row['final_eval_reward'])} | "
+                     f"{spread(accuracy)} | {spread(alignment)} | "
+                     f"{spread(never_as_nan(row['iteration']['per_seed']), 2)} | "
+                     f"{spread(never_as_nan(row['modeled_s']['per_seed']), 2)} |")
     return "\n".join(lines), summary
 
 
