@@ -48,6 +48,18 @@ def selection_quality(selected: list[int], truth: dict[int, float], keep: int) -
     return {"precision": len(set(selected) & set(best)) / keep, "contrast": gap(selected) / gap(best)}
 
 
+def format_table(results: dict[str, dict[str, float]], fixed_steps: float) -> str:
+    """One row per schedule: precision, contrast, and its low-precision steps against the fixed pass's."""
+    lines = ["| schedule | precision | contrast | low-precision steps per prompt | ÷ fixed pass |",
+             "|---|---|---|---|---|"]
+    for schedule, r in results.items():
+        first, _, survivors = schedule.partition(":")
+        label = f"fixed, {first} steps" if not survivors else f"halving: all {first} steps, {survivors} finish"
+        lines.append(f"| {label} | {r['precision']:.3f} | {r['contrast']:.3f} | {r['steps']:.0f} | "
+                     f"{r['steps'] / fixed_steps:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/embedded.yaml")
@@ -92,19 +104,12 @@ def main(argv: list[str] | None = None) -> None:
             rows[schedule].append({**selection_quality(chosen, truth, keep), "steps": sampling.pool_steps(args.n)})
         print(f"prompt {slot + 1}/{len(prompts)}", flush=True)
 
-    base_steps = fixed.pool_steps(args.n)
     results = {s: {k: float(np.mean([r[k] for r in rs])) for k in rs[0]} for s, rs in rows.items()}
-    lines = ["| schedule | precision | contrast | low-precision steps per prompt | ÷ fixed 6 steps |",
-             "|---|---|---|---|---|"]
-    for schedule, r in results.items():
-        label = f"fixed, {schedule} steps" if ":" not in schedule else \
-            f"halving: all {schedule.split(':')[0]} steps, {schedule.split(':')[1]} finish"
-        lines.append(f"| {label} | {r['precision']:.3f} | {r['contrast']:.3f} | {r['steps']:.0f} | "
-                     f"{r['steps'] / base_steps:.2f} |")
-    print("\n".join(lines))
+    print(format_table(results, fixed.pool_steps(args.n)))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "keep": keep,
-                                     "results": results, "per_prompt": rows}, indent=1) + "\n")
+                                     "fixed_steps": fixed.pool_steps(args.n), "results": results,
+                                     "per_prompt": rows}, indent=1) + "\n")
     print(f"wrote {args.json}")
 
 

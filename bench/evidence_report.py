@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from bench import adaptive_explore
 from bench.convergence import BASELINE, add_modeled_cost, first_reach, load_runs, plot, speedups
+from learner import fidelity
 
 Runs = dict[str, dict[int, list[dict[str, Any]]]]
 
@@ -123,7 +125,34 @@ def ablation_table(runs: Runs, rows: dict[int, str], paper: dict[int, float], la
     return "\n".join(lines), out
 
 
-def report(run_dir: Path, results: Path, doc: Path = Path("docs/evidence.md")) -> None:
+def measured_tables(results: Path) -> list[tuple[str, str]]:
+    """The tables of the two selection benches, where their JSON exists (they are not training runs)."""
+    sections = []
+    fidelity_json = results / "rank_fidelity_margin.json"
+    if fidelity_json.exists():
+        sections.append(("Table 8: rank fidelity on `digit_margin` (bench.rank_fidelity)",
+                         fidelity.format_table(json.loads(fidelity_json.read_text()))))
+    adaptive_json = results / "adaptive_explore.json"
+    if adaptive_json.exists():
+        data = json.loads(adaptive_json.read_text())
+        sections.append((f"Adaptive exploration: selection of the best and worst {data['keep'] // 2} against "
+                         f"full precision (bench.adaptive_explore, {data['args']['prompts']} prompts)",
+                         adaptive_explore.format_table(data["results"], data["fixed_steps"])))
+    return sections
+
+
+def splice(doc: Path, body: str, begin: str = "<!-- evidence:begin -->", end: str = "<!-- evidence:end -->") -> None:
+    """Replace what lies between the markers of `doc` by `body` (the tables in docs/benchmarks.md are
+    these generated ones, so the two files cannot disagree)."""
+    text = doc.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{doc} lacks the markers {begin} … {end} that say where the tables go")
+    head, rest = text.split(begin, 1)
+    doc.write_text(f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}")
+
+
+def report(run_dir: Path, results: Path, doc: Path = Path("docs/evidence.md"),
+           discussion: Path | None = Path("docs/benchmarks.md")) -> None:
     runs = load_all(run_dir)
     results.mkdir(parents=True, exist_ok=True)
     if BASELINE not in runs:
@@ -138,10 +167,13 @@ def report(run_dir: Path, results: Path, doc: Path = Path("docs/evidence.md")) -
     sections.append(("Table 2: explore steps (N = 96, K = 24)", text))
     text, numbers["table3"] = ablation_table(runs, POOL_RUNS, PAPER_TABLE_3, "pool N")
     sections.append(("Table 3: pool size (K = 24, 6 explore steps)", text))
+    sections += measured_tables(results)
     inventory = "\n".join(f"- `{n}`: seeds {sorted(by_seed)}" for n, by_seed in sorted(runs.items()))
     sections.append(("Runs in this report", inventory))
 
     body = "\n\n".join(f"## {title}\n\n{text}" for title, text in sections)
+    if discussion is not None:
+        splice(discussion, "\n\n".join(f"#### {title}\n\n{text}" for title, text in sections[:-1]))
     doc.write_text("# Evidence on the embedded world (generated)\n\nWritten by `python -m bench.evidence "
                    "--report` from `bench/results/runs/*.json`; do not edit by hand. Cells: mean (min–max) "
                    "[per seed]. The discussion is in [benchmarks.md](benchmarks.md).\n\n" + body + "\n")

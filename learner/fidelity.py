@@ -156,6 +156,6 @@ def format_table(results: dict[str, dict[str, float]]) -> str:
     ref = results["reference"]
     lines.append(f"\nreference: full precision, {ref['steps']} steps, {ref['s_per_candidate']:.4f} s/candidate, "
                  f"mean reward {ref['mean_reward']:.3f}, median reward gap between ranks 12 and 13: "
-                 f"{ref['margin@12']:.4f}; candidates with log p > -0.01 (saturated): "
+                 f"{ref['margin@12']:.4f}; candidates with reward > -0.01 (for log p: saturated): "
                  f"{ref['saturated_fraction']:.1%}")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ import pytest
 
 from bench.convergence import add_modeled_cost
 from bench.evidence import PLAN, command, pending
-from bench.evidence_report import equal_time_table, report, spread
+from bench.evidence_report import equal_time_table, report, splice, spread
 
 
 def points(rewards: list[float], fp: int, lp: int = 0, pool: int = 0) -> list[dict]:
@@ -45,11 +45,13 @@ def test_spread_keeps_per_seed_values_and_names_targets_never_reached() -> None:
 
 def test_report_builds_every_table_from_per_run_files(tmp_path) -> None:
     runs, results, doc = tmp_path / "runs", tmp_path / "results", tmp_path / "evidence.md"
+    discussion = tmp_path / "benchmarks.md"
+    discussion.write_text("# Benchmarks\n\nprose\n<!-- evidence:begin -->\nstale\n<!-- evidence:end -->\nmore prose\n")
     for seed in (0, 1):
         write(runs, "diffusionnft", seed, [0.0, 1.0, 2.0], fp=100)
         write(runs, "sol_rl", seed, [0.0, 2.0, 4.0], fp=100, lp=10)
         write(runs, "flow_grpo", seed, [0.0, 0.1, 0.2], fp=100)  # never reaches diffusionnft's 2.0
-    report(runs, results, doc)
+    report(runs, results, doc, discussion)
     numbers = json.loads((results / "evidence.json").read_text())["tables"]
     assert numbers["convergence"]["sol_rl"]["iteration"]["per_seed"] == [pytest.approx(2.0)] * 2
     assert numbers["convergence"]["flow_grpo"]["iteration"]["per_seed"] == [0.0, 0.0]
@@ -58,6 +60,20 @@ def test_report_builds_every_table_from_per_run_files(tmp_path) -> None:
     assert "never [never, never]" in text
     assert numbers["table2"]["sol_rl"]["final"] == [4.0, 4.0]  # 6 explore steps: the default sol_rl run
     assert (results / "evidence_algorithms.png").stat().st_size > 0
+    spliced = discussion.read_text()
+    assert spliced.startswith("# Benchmarks\n\nprose\n") and spliced.endswith("<!-- evidence:end -->\nmore prose\n")
+    assert "stale" not in spliced and "#### Table 1" in spliced and "never [never, never]" in spliced
+    assert "Runs in this report" not in spliced  # the inventory stays in the generated file
+    report(runs, results, doc, discussion)
+    assert discussion.read_text() == spliced  # a second report replaces the tables, nothing piles up
+
+
+def test_splice_refuses_a_document_without_markers(tmp_path) -> None:
+    doc = tmp_path / "plain.md"
+    doc.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="lacks the markers"):
+        splice(doc, "tables")
+    assert doc.read_text() == "no markers\n"
 
 
 def test_the_suite_skips_runs_already_on_disk(tmp_path, monkeypatch) -> None:
