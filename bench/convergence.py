@@ -218,9 +218,10 @@ RUNS: dict[str, list[str]] = {
     # Flow-GRPO: K-in-K like DiffusionNFT, its own objective and SDE rollouts, the source's 9 of 10 steps
     "flow_grpo": ["learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
                   "learner.timestep_fraction=0.9"],
-    # adaptive exploration (this project's): every seed 2 steps, the 48 ends of that ranking finish the 6
-    "sol_rl_halving": ["learner.algorithm=sol_rl", "explore.schedule=halving", "explore.halving_steps=2",
-                       "explore.halving_survivors=48"],
+    # adaptive exploration (this project's): every seed f steps, the 48 ends of that ranking finish the 6
+    **{f"sol_rl_halving{'' if f == 2 else f}": ["learner.algorithm=sol_rl", "explore.schedule=halving",
+                                                  f"explore.halving_steps={f}", "explore.halving_survivors=48"]
+       for f in (2, 3)},
 }
 BASELINE = "diffusionnft"
 

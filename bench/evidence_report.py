@@ -27,11 +27,12 @@ PAPER_TABLE_2 = {2: 0.3587, 4: 0.3650, 6: 0.3686, 8: 0.3659}  # explore steps, S
 PAPER_TABLE_3 = {24: 0.3569, 48: 0.3622, 72: 0.3663, 96: 0.3686}  # pool size N with K = 24
 EXPLORE_RUNS = {2: "sol_rl_explore2", 4: "sol_rl_explore4", 6: "sol_rl", 8: "sol_rl_explore8"}
 POOL_RUNS = {24: "sol_rl_pool24", 48: "sol_rl_pool48", 72: "sol_rl_pool72", 96: "sol_rl"}
-CONVERGENCE_RUNS = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl", "sol_rl_halving", "flow_grpo",
-                    "sol_rl_shuffled", "sol_rl_art")
+CONVERGENCE_RUNS = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl", "sol_rl_halving", "sol_rl_halving3",
+                    "flow_grpo", "sol_rl_shuffled", "sol_rl_art")
 FIGURES = {"algorithms": ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl", "flow_grpo"),
            "explore_steps": tuple(EXPLORE_RUNS.values()), "pool_size": tuple(POOL_RUNS.values()),
-           "controls": ("diffusionnft", "sol_rl", "sol_rl_shuffled", "sol_rl_art", "sol_rl_halving")}
+           "controls": ("diffusionnft", "sol_rl", "sol_rl_shuffled", "sol_rl_art"),
+           "adaptive": ("diffusionnft", "sol_rl", "sol_rl_halving", "sol_rl_halving3")}
 
 
 def load_all(run_dir: Path) -> Runs:

@@ -96,3 +96,19 @@ def test_an_unknown_run_name_is_refused_before_any_work(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--runs", "diffusionnft,sol_rl_explore3", "--json", "unused.json"])
     assert "unknown run(s) sol_rl_explore3: choose from" in capsys.readouterr().err
+
+
+def test_every_named_run_is_a_valid_config_that_sets_what_its_name_says() -> None:
+    from bench.convergence import RUNS
+    from bench.evidence import COMMON, PLAN
+    from cluster.config import load_config
+
+    configs = {name: load_config("configs/embedded.yaml", COMMON + settings) for name, settings in RUNS.items()}
+    assert {name for name, _ in PLAN} <= set(RUNS)
+    assert all(c.reward.weights == {"digit_margin": 1.0} for c in configs.values())
+    assert [configs[f"sol_rl_explore{s}"].explore.steps for s in (2, 4, 8)] == [2, 4, 8]
+    assert [configs[f"sol_rl_pool{n}"].prompts.candidates for n in (24, 48, 72)] == [24, 48, 72]
+    assert configs["sol_rl"].prompts.candidates == 96 and configs["sol_rl"].explore.steps == 6
+    assert (configs["sol_rl_halving"].explore.halving_steps, configs["sol_rl_halving3"].explore.halving_steps) == (2, 3)
+    assert configs["flow_grpo"].learner.objective == "flow_grpo" and configs["sol_rl_art"].learner.objective == "art"
+    assert configs["sol_rl_shuffled"].learner.shuffle_rewards and not configs["sol_rl"].learner.shuffle_rewards
