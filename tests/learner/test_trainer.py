@@ -160,3 +160,17 @@ def test_evaluation_reports_the_other_rewards_its_reward_scores_alongside(small_
     assert margin["eval_digit_alignment"] == pytest.approx(alignment["eval_reward"], abs=1e-6)
     assert margin["eval_accuracy"] == alignment["eval_accuracy"]
     assert margin["eval_reward"] > margin["eval_digit_alignment"]  # log-odds > log p
+
+
+def test_sol_rl_keeping_its_whole_pool_trains_exactly_as_diffusionnft(small_trainer):
+    """With N = K, best-worst selection keeps every seed and regenerates them at full precision: the
+    exploration then only costs, and θ must follow DiffusionNFT's bitwise (the evidence suite's
+    sol_rl_pool24 run reproduces diffusionnft's held-out curve to the last digit)."""
+    nft = small_trainer("learner.algorithm=diffusionnft")
+    sol = small_trainer("learner.algorithm=sol_rl", f"prompts.candidates={nft.config.prompts.keep}")
+    for iteration in range(2):
+        metrics = [t.train_iteration(iteration) for t in (nft, sol)]
+        nft.publish(), sol.publish()
+        assert metrics[1]["lp_sample_steps"] > 0 and metrics[0]["lp_sample_steps"] == 0
+    a, b = theta(nft), theta(sol)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
