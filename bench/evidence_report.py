@@ -1,7 +1,8 @@
 """The evidence suite's report: every run file merged, the paper's tables rebuilt beside its numbers,
 figures with per-seed bands. Written by `python -m bench.evidence --report` (no training).
 
-Outputs: `docs/evidence.md` (the tables, generated: edit this module, not the file),
+Outputs: `docs/evidence.md` (the tables, generated: edit this module, not the file), the same tables
+between the `<!-- evidence:begin/end -->` markers of `docs/benchmarks.md` (its prose stays hand-written),
 `bench/results/evidence.json` (the tables' numbers and every run's points) and
 `bench/results/evidence_<group>.png`.
 """
