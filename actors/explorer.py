@@ -16,6 +16,7 @@ from typing import Any
 import ray
 import torch
 
+from actors.identity import actor_name
 from actors.metrics import ExplorerMetrics
 from actors.reward_scorer import RemoteReward
 from diffusion.config import ExploreConfig, ModelConfig
@@ -32,11 +33,13 @@ from weight_sync.subscriber import WeightSubscriber
 class Explorer:
     def __init__(self, model: ModelConfig, explore: ExploreConfig, reward: RewardConfig, services: dict[str, Any],
                  *, sampling: Sampling, run_seed: int, candidates: int, threads: int = 1,
-                 scorers: list | None = None, prompt_source: str = "embedded") -> None:
+                 scorers: list | None = None, prompt_source: str = "embedded", index: int = 0,
+                 run: str = "") -> None:
         """`services`: node id → that node's WeightSyncService (this job's own); this explorer reads its
         node's. `sampling`: the explore pass (`learner.rollouts.exploration_sampling`). `prompt_source`:
         the training prompt set, loaded here too, so only prompt texts travel and the reward still gets
-        each prompt's metadata."""
+        each prompt's metadata. `index`, `run`: its name and metric labels (`actors.identity`)."""
+        self.name = actor_name("explorer", index)
         torch.set_num_threads(threads)
         self.sampling, self.run_seed, self.candidates = sampling, run_seed, candidates
         self.prompt_set = load_prompt_set(prompt_source)
@@ -52,7 +55,10 @@ class Explorer:
                                "restart the job to include it")
         service = services[node]
         self.subscriber = WeightSubscriber(service, self.engine, base=base)
-        self.metrics = ExplorerMetrics()
+        self.metrics = ExplorerMetrics(run, index)
+
+    def __repr__(self) -> str:  # Ray's log prefix and the dashboard's name for it
+        return getattr(self, "name", "solrl-explorer")
 
     def sync(self, version: int, timeout_s: float = 900.0) -> int:
         """Hold exactly policy `version`, waiting for it to arrive; if the service no longer keeps it

@@ -27,6 +27,7 @@ from typing import Any
 import ray
 import torch
 
+from actors.identity import actor_name, run_label
 from actors.metrics import LearnerMetrics
 from actors.reward_scorer import RemoteReward
 from diffusion.explore import ExplorePlan
@@ -59,6 +60,7 @@ class Learner:
         actors that hold the reward models (None: the trainer loads them here); `rank` of `world`: this
         actor's place in the learner group (the driver then calls `join` on every rank)."""
         torch.set_num_threads(threads)
+        self.name = actor_name("learner", rank)
         self.shard = Shard(rank, world)
         reward = RemoteReward(scorers, config.reward) if scorers else None
         self.trainer = Trainer(config, run_dir if self.shard.main else None, remote_explorers=True, reward=reward,
@@ -70,12 +72,16 @@ class Learner:
         if resume is True and not self.shard.main:  # every rank reads rank 0's checkpoint
             resume = str(Path(run_dir) / "checkpoint")
         self._resume = resume
-        self.metrics = LearnerMetrics() if self.shard.main else None
+        self.metrics = LearnerMetrics(run_label(run_dir, config.run.name), config.run.iterations) \
+            if self.shard.main else None
         self._last_end: float | None = None
         self._start = self._idle = 0.0
         self._streamed: dict[int, tuple[RankedGroup, Group]] = {}  # slot → (its ranked group, its rollout)
         self._streamed_s = 0.0
         self._streamed_order: list[int] = []
+
+    def __repr__(self) -> str:  # Ray's log prefix and the dashboard's name for it
+        return getattr(self, "name", "solrl-learner")
 
     def address(self) -> str:
         """Rank 0: the learner group's rendezvous address (a free port on this node)."""
@@ -106,12 +112,13 @@ class Learner:
         if self.codec == "lora":  # only the sampling adapter travels; explorers merge it into their base
             state = trainer.state
             adapters = {k: v.detach() for k, v in state.old_parameters().items()}
-            self.publisher.publish(adapters, trainer.version,
-                                   meta={"lora_scale": state.config.lora_alpha / state.config.lora_rank})
+            info = self.publisher.publish(adapters, trainer.version,
+                                          meta={"lora_scale": state.config.lora_alpha / state.config.lora_rank})
         else:
-            self.publisher.publish(weights, trainer.version)
+            info = self.publisher.publish(weights, trainer.version)
         trainer.publish(weights)
-        return {"version": trainer.version, "sync_s": time.perf_counter() - start}
+        return {"version": trainer.version, "sync_s": time.perf_counter() - start,
+                "sync_bytes": info["bytes"] * len(self.publisher.services)}  # one copy to each node
 
     @ray.method(concurrency_group="sync")
     def snapshot(self, version: int) -> dict:
@@ -167,6 +174,7 @@ class Learner:
         metrics["learner_idle_fraction"] = self._idle / max(self._idle + self._last_end - self._start, 1e-9)
         if self.metrics is not None:
             self.metrics.record(metrics)
+        self.trainer.log_experiment(metrics)  # rank 0 only: the others have no run directory
         return metrics
 
     def save_final(self, folder: str) -> dict[str, str]:

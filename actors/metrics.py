@@ -1,69 +1,177 @@
-"""Dashboard metrics (`ray.util.metrics`), named solrl_<the metrics.jsonl key>: they appear on each
-node's Prometheus port as ray_solrl_* and in the Ray dashboard's metrics view."""
+"""Dashboard metrics (`ray.util.metrics`): every series the job exports, declared once in `METRICS`.
+
+Each node's Prometheus endpoint shows them as `ray_<name>` (counters as `ray_<name>_total`); Ray adds the
+labels `NodeAddress` (the node) and `SessionName`, the job adds `run` (the run directory's name, so two
+jobs on one cluster stay apart) and, on per-actor series, `explorer` / `scorer` (the actor's index, as in
+its name `solrl-explorer-<i>`). `cluster.grafana` builds the Grafana dashboard from this table, so a panel
+can only query a declared metric, and each panel takes its unit from here.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from ray.util.metrics import Counter, Gauge
 
-_LEARNER_GAUGES = {
-    "reward_mean": "mean true reward of the kept samples",
-    "reward_max": "max true reward of the kept samples",
-    "proxy_reward_mean": "mean low-precision (proxy) reward of the explored candidates",
-    "eval_reward": "held-out reward (full precision)",
-    "rank_spearman": "Spearman rho of proxy vs true reward on the kept seeds",
-    "selection_precision": "share of kept seeds on the right side of the true median",
-    "explore_s": "slowest explorer's seconds for this iteration's slots",
-    "rollout_s": "learner's sampling seconds (regeneration, and any pool it samples itself)",
-    "train_s": "learner's update seconds",
-    "sync_s": "learner's publish seconds",
-    "policy_version": "newest policy version",
-    "policy_lag": "learner version minus the version a group was explored with (max)",
-    "learner_idle_fraction": "share of the iteration the learner waited for explorers",
-    "candidates_per_second": "explored candidates per second, all explorers",
-    "explorers": "explorer actors taking slots (cluster.control changes it while the job runs)",
-    "explorers_joining": "explorer actors still loading, joining at the next iteration",
-}
+# Grafana unit ids (panel `unit`) and the word each adds to the metric's description.
+UNITS = {"none": "", "s": "seconds", "percentunit": "fraction 0-1", "bytes": "bytes", "short": "count",
+         "cps": "per second", "Bps": "bytes per second"}
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # without Ray's `ray_` prefix
+    kind: Literal["gauge", "counter"]
+    unit: str  # a key of UNITS
+    description: str
+    key: str | None = None  # the metrics.jsonl key it mirrors (learner metrics)
+    tags: tuple[str, ...] = ("run",)
+
+    @property
+    def series(self) -> str:
+        """The name Prometheus shows (Ray prefixes `ray_`, Prometheus counters end in `_total`)."""
+        return f"ray_{self.name}" + ("_total" if self.kind == "counter" else "")
+
+    @property
+    def help(self) -> str:
+        return f"{self.description} [{UNITS[self.unit]}]" if UNITS[self.unit] else self.description
+
+    def instrument(self, default_tags: dict[str, str]) -> Gauge | Counter:
+        make = Gauge if self.kind == "gauge" else Counter
+        metric = make(self.name, description=self.help, tag_keys=self.tags)
+        metric.set_default_tags({k: v for k, v in default_tags.items() if k in self.tags})
+        if self.kind == "counter" and set(self.tags) <= set(default_tags):
+            # Exported at 0 from the start (Prometheus' advice: `increase()` then sees the first event);
+            # Ray's Counter.inc refuses 0, so record it directly.
+            metric._record(0.0)
+        return metric
+
+
+def _gauge(key: str, unit: str, description: str, name: str | None = None, tags: tuple[str, ...] = ("run",)) -> Metric:
+    return Metric(name or f"solrl_{key}", "gauge", unit, description, key=key, tags=tags)
+
+
+def _counter(key: str | None, name: str, description: str, unit: str = "short",
+             tags: tuple[str, ...] = ("run",)) -> Metric:
+    return Metric(name, "counter", unit, description, key=key, tags=tags)
+
+
+LEARNER = (
+    Metric("solrl_iterations_done", "gauge", "short", "iterations finished"),
+    _gauge("iterations_planned", "short", "iterations the run is to finish (run.iterations)"),
+    _gauge("reward_mean", "none", "mean true (full-precision) reward of the kept samples"),
+    _gauge("reward_max", "none", "max true reward of the kept samples"),
+    _gauge("proxy_reward_mean", "none", "mean low-precision (proxy) reward of the explored candidates"),
+    _gauge("eval_reward", "none", "held-out reward (full precision), every eval.every iterations"),
+    _gauge("rank_spearman", "none", "Spearman rho of proxy vs true reward on the kept seeds"),
+    _gauge("selection_precision", "percentunit", "share of kept seeds on the right side of the true median"),
+    _gauge("explore_s", "s", "slowest explorer's seconds for this iteration's slots", "solrl_explore_seconds"),
+    _gauge("rollout_s", "s", "learner's regeneration seconds not overlapped with exploration",
+           "solrl_regenerate_seconds"),
+    _gauge("streamed_rollout_s", "s", "learner's regeneration seconds overlapped with exploration (streamed)",
+           "solrl_regenerate_streamed_seconds"),
+    _gauge("train_s", "s", "learner's update seconds", "solrl_train_seconds"),
+    _gauge("sync_s", "s", "learner's publish seconds (encode + send to every node)", "solrl_sync_seconds"),
+    _gauge("iteration_s", "s", "learner's seconds for the iteration (regenerate + train)", "solrl_iteration_seconds"),
+    _gauge("policy_version", "short", "newest policy version"),
+    _gauge("policy_lag", "short", "learner version minus the version a group was explored with (max)"),
+    _gauge("learner_idle_fraction", "percentunit", "share of the iteration the learner waited for explorers"),
+    _gauge("candidates_per_second", "cps", "explored candidates per second, all explorers"),
+    _gauge("explorers", "short", "explorer actors taking slots (cluster.control changes it while the job runs)"),
+    _gauge("explorers_joining", "short", "explorer actors still loading, joining at the next iteration"),
+    _counter("skipped", "solrl_skipped_updates", "updates skipped (NaN/inf reward or loss)"),
+    _counter("dropped_micro_batches", "solrl_dropped_micro_batches", "micro-batches dropped for a NaN/inf loss"),
+    _counter("dropped_groups", "solrl_dropped_groups", "ranked groups dropped as too stale (async)"),
+    _counter("explorer_retries", "solrl_explorer_retries", "slots re-dispatched after their explorer died"),
+    _counter("explorer_deaths", "solrl_explorer_deaths", "explorer deaths seen by the driver"),
+    _counter("sync_bytes", "solrl_weight_sync_bytes", "bytes of weights published to the nodes' sync services",
+             unit="bytes"),
+)
+# Per-reward series: metrics.jsonl keys `reward_<name>` and `eval_<name>` become one labelled series each.
+REWARD_COMPONENT = Metric("solrl_reward_component", "gauge", "none",
+                          "mean reward of the kept samples per configured reward, before weighting",
+                          tags=("run", "reward"))
+EVAL_DETAIL = Metric("solrl_eval_detail", "gauge", "none",
+                     "held-out mean of each reward detail (accuracy, log p, components)", tags=("run", "detail"))
+EXPLORER = (
+    _counter(None, "solrl_explored_candidates", "candidates explored", tags=("run", "explorer")),
+    _counter(None, "solrl_explorer_busy_seconds", "seconds spent exploring (sampling + scoring)", unit="s",
+             tags=("run", "explorer")),
+    _counter(None, "solrl_weight_syncs", "snapshots loaded by the explorer", tags=("run", "explorer")),
+    _counter(None, "solrl_explorer_sync_seconds", "seconds spent fetching and loading snapshots", unit="s",
+             tags=("run", "explorer")),
+    _gauge("explorer_policy_version", "short", "policy version the explorer's engine holds",
+           tags=("run", "explorer")),
+)
+SCORER = (
+    _counter(None, "solrl_scorer_requests", "scoring requests served", tags=("run", "scorer")),
+    _gauge("scorer_batch_images", "short", "images in the latest scored batch", tags=("run", "scorer")),
+    Metric("solrl_scorer_reward", "gauge", "none", "mean reward of the latest scored batch, before weighting",
+           tags=("run", "scorer", "reward")),
+)
+METRICS = (*LEARNER, REWARD_COMPONENT, EVAL_DETAIL, *EXPLORER, *SCORER)
+# metrics.jsonl keys starting with reward_ that are not components
+_NOT_COMPONENTS = {"reward_mean", "reward_max"}
+
+
+def by_name(name: str) -> Metric:
+    for metric in METRICS:
+        if metric.name == name:
+            return metric
+    raise KeyError(f"no metric {name!r} is declared in actors.metrics.METRICS")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class LearnerMetrics:
-    def __init__(self) -> None:
-        self.gauges = {k: Gauge(f"solrl_{k}", description=d) for k, d in _LEARNER_GAUGES.items()}
-        self.skipped = Counter("solrl_skipped_updates", description="updates skipped (NaN/inf reward or loss)")
-        self.dropped_micro_batches = Counter("solrl_dropped_micro_batches",
-                                             description="micro-batches dropped for a NaN/inf loss")
-        self.dropped = Counter("solrl_dropped_groups", description="ranked groups dropped as too stale")
-        self.retries = Counter("solrl_explorer_retries", description="slots re-sent after their explorer died")
-        self.deaths = Counter("solrl_explorer_deaths", description="explorer deaths seen by the driver")
+    """Rank 0's series: the iteration's metrics.jsonl record, as gauges and counters."""
+
+    def __init__(self, run: str, iterations: int) -> None:
+        tags = {"run": run}
+        self.instruments = {m.key: (m, m.instrument(tags)) for m in LEARNER if m.key is not None}
+        self.done = by_name("solrl_iterations_done").instrument(tags)
+        self.components = REWARD_COMPONENT.instrument(tags)
+        self.eval_details = EVAL_DETAIL.instrument(tags)
+        self.iterations = iterations
 
     def record(self, values: dict[str, Any]) -> None:
-        for key in values:  # each configured reward's component, named after it
-            if key.startswith("reward_") and key not in self.gauges:
-                self.gauges[key] = Gauge(f"solrl_{key}", description=f"mean {key[7:]} reward of the kept samples "
-                                         "(before weighting)")
-        for key, gauge in self.gauges.items():
+        if "iteration" in values:
+            self.done.set(float(values["iteration"] + 1))
+        values = {**values, "iterations_planned": self.iterations}  # each time: Ray exports a gauge's recent sets
+        for key, (metric, instrument) in self.instruments.items():
             value = values.get(key)
-            if isinstance(value, int | float) and math.isfinite(value):
-                gauge.set(float(value))
-        if values.get("skipped"):
-            self.skipped.inc()
-        for counter, key in ((self.dropped, "dropped_groups"), (self.retries, "explorer_retries"),
-                             (self.deaths, "explorer_deaths"), (self.dropped_micro_batches, "dropped_micro_batches")):
-            if values.get(key):
-                counter.inc(float(values[key]))
+            if metric.kind == "gauge" and _finite(value):
+                instrument.set(float(value))
+            elif metric.kind == "counter" and value:  # bool `skipped` counts one
+                instrument.inc(float(value))
+        for key, value in values.items():
+            if key.startswith("reward_") and key not in _NOT_COMPONENTS and _finite(value):
+                self.components.set(float(value), tags={"reward": key.removeprefix("reward_")})
+            elif key.startswith("eval_") and key != "eval_reward" and _finite(value):
+                self.eval_details.set(float(value), tags={"detail": key.removeprefix("eval_")})
 
 
 class ExplorerMetrics:
-    def __init__(self) -> None:
-        self.candidates = Counter("solrl_explored_candidates", description="candidates explored")
-        self.syncs = Counter("solrl_weight_syncs", description="snapshots loaded by explorers")
-        self.sync_seconds = Gauge("solrl_explorer_sync_seconds", description="fetch + load seconds of a snapshot")
+    def __init__(self, run: str, index: int) -> None:
+        tags = {"run": run, "explorer": str(index)}
+        (self.candidates, self.busy, self.syncs, self.sync_seconds, self.version) = (
+            m.instrument(tags) for m in EXPLORER)
 
     def explored(self, group) -> None:
         self.candidates.inc(float(len(group.seeds)))
+        self.busy.inc(float(group.seconds))
 
     def synced(self, info: dict[str, float]) -> None:
         self.syncs.inc()
-        self.sync_seconds.set(info["fetch_s"] + info["load_s"])
+        self.sync_seconds.inc(info["fetch_s"] + info["load_s"])
+        self.version.set(float(info["version"]))
+
+
+class ScorerMetrics:
+    def __init__(self, run: str, index: int) -> None:
+        self.requests, self.batch_images, self.reward = (m.instrument({"run": run, "scorer": str(index)})
+                                                         for m in SCORER)

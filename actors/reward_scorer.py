@@ -8,7 +8,7 @@ scores. A scorer batches the requests of all its callers (`RequestBatcher`: up t
 images or `max_wait_ms`), scores every configured reward on the batch, and returns each caller its
 slice. The caller combines the components with the configured weights (`combine_components`), so
 the weighting is decided in one place, and each component stays visible in the diagnostics and the
-metrics (the learner's `solrl_reward_<name>`, a scorer's `solrl_scorer_reward_<name>`).
+metrics (the learner's `solrl_reward_component{reward=<name>}`, a scorer's `solrl_scorer_reward{reward=<name>}`).
 
 A scorer holds no state but its models: when one dies, Ray restarts it (`max_restarts=-1`) and
 retries the call (`max_task_retries=-1`), and the restarted scorer scores the same images to the same
@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from ray.util.metrics import Counter, Gauge
 
+from actors.identity import actor_name
+from actors.metrics import ScorerMetrics
 from actors.request_batching import RequestBatcher
 from rewards import Metadata, Reward
 from rewards.combine import Scores, combine_components
@@ -61,28 +62,29 @@ class RewardScorer:
     """A Ray actor (async: it keeps accepting requests while a batch is scored)."""
 
     def __init__(self, reward: RewardConfig, *, max_batch: int = 64, max_wait_ms: float = 20.0,
-                 threads: int = 1) -> None:
+                 threads: int = 1, index: int = 0, run: str = "") -> None:
         torch.set_num_threads(threads)
+        self.name = actor_name("scorer", index)
         self.rewards = build_reward_components(reward)  # the one model load of this scorer
         self.batcher: RequestBatcher[ScoreRequest, ComponentScores] = RequestBatcher(
             self._score_batch, max_items=max_batch, max_wait_s=max_wait_ms / 1000.0, size=lambda r: len(r[1]))
-        self.requests = Counter("solrl_scorer_requests", description="scoring requests served")
-        self.batch_images = Gauge("solrl_scorer_batch_images", description="images in the latest scored batch")
-        self.component_means = {name: Gauge(f"solrl_scorer_reward_{name}", description=f"mean {name} reward of "
-                                            "the latest scored batch (before weighting)") for name in self.rewards}
+        self.metrics = ScorerMetrics(run, index)
+
+    def __repr__(self) -> str:  # Ray's log prefix and the dashboard's name for it
+        return getattr(self, "name", "solrl-scorer")
 
     def _score_batch(self, requests: list[ScoreRequest]) -> list[ComponentScores]:
         results = score_components(self.rewards, requests)
-        self.batch_images.set(float(sum(len(r[1]) for r in requests)))
-        for name, gauge in self.component_means.items():
+        self.metrics.batch_images.set(float(sum(len(r[1]) for r in requests)))
+        for name in self.rewards:
             values = torch.cat([result[name][0] for result in results])
             if values.numel() and bool(torch.isfinite(values).all()):
-                gauge.set(float(values.mean()))
+                self.metrics.reward.set(float(values.mean()), tags={"reward": name})
         return results
 
     async def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> ComponentScores:
         """Each configured reward's (scores, diagnostics) for these images, scored in a shared batch."""
-        self.requests.inc()
+        self.metrics.requests.inc()
         return await self.batcher.submit((images, prompts, metadata))
 
     def batch_sizes(self) -> list[int]:

@@ -37,6 +37,7 @@ import torch
 
 from bench.plan import PAPER_GPUS, PAPER_ROLLOUT_S, PAPER_SHAPE, paper_costs
 from cluster.config import SolRLConfig, load_config
+from diffusion.progress import Progress
 from learner.trainer import Trainer
 
 # The cost model: counted work priced at the paper's SD3.5-L Table 5 rates (`bench.plan.paper_costs`), in
@@ -59,6 +60,7 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
     trainer = Trainer(config)
     totals = dict.fromkeys(("wall_s", "rollout_s", "train_s", *COUNTERS), 0.0)
     points = [{"iteration": 0, **totals, **trainer.evaluate()}]
+    progress = Progress("    iteration", config.run.iterations)
     for i in range(config.run.iterations):
         m = trainer.train_iteration(i)
         m["sync_s"] = trainer.publish()
@@ -72,7 +74,7 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
             if "rank_spearman" in m:
                 point["rank_spearman"] = m["rank_spearman"]
             points.append(point)
-            log(f"    iter {i + 1:3d}  held-out reward {point['eval_reward']:7.3f}  "
+            log(f"{progress.line(i + 1)}  held-out reward {point['eval_reward']:7.3f}  "
                 f"acc {point.get('eval_accuracy', float('nan')):.3f}  wall {totals['wall_s']:6.1f}s  "
                 f"(rollout {totals['rollout_s']:6.1f}s, train {totals['train_s']:6.1f}s)", flush=True)
     return points

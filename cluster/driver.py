@@ -37,11 +37,13 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.explorer import Explorer
+from actors.identity import actor_name, job_namespace, run_label
 from actors.learner import Learner
 from actors.reward_scorer import RewardScorer
 from cluster.config import SolRLConfig
 from cluster.control import read_control
 from cluster.learner_group import JobFailed, on_learners, wait_learners
+from diffusion.progress import Progress
 from diffusion.prompts import load_prompts
 from learner.algorithms import ALGORITHMS
 from learner.data_parallel import owner_of
@@ -65,6 +67,9 @@ class Job:
     learners: list[Any]  # the learner group's ranks; rank 0 publishes, checkpoints and answers queries
     explorers: list[Any]
     placement: Any
+    run: str = ""  # the `run` label of its metrics (`actors.identity`)
+    namespace: str | None = None  # every actor of the job is named in it
+    next_explorer: int = 0  # the next explorer's index: never reused, so never a name Ray has not freed yet
     services: dict[str, Any] | None = None
     scorers: list[Any] | None = None
     bundles: list[int | None] = field(default_factory=list)  # each explorer's placement bundle (None: outside)
@@ -111,7 +116,10 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
     """Weight-sync services (one per node, private to this job), a placement group, L learner ranks joined in
     one process group, E explorers and S scorers. If any of it fails, what was started is stopped again."""
     c = config.cluster
-    job = Job(learners=[], explorers=[], placement=None, services=start_services(tag=uuid.uuid4().hex[:8]))
+    tag, run = uuid.uuid4().hex[:8], run_label(run_dir, config.run.name)
+    namespace = job_namespace(run, tag)
+    job = Job(learners=[], explorers=[], placement=None, run=run, namespace=namespace,
+              services=start_services(tag=tag, namespace=namespace))
     try:
         job.placement = pg = placement_group(
             [{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in c.bundles()], strategy=c.placement_strategy)
@@ -128,17 +136,18 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
 
         job.scorers = [
             ray.remote(RewardScorer).options(
+                name=actor_name("scorer", i), namespace=namespace,
                 num_cpus=c.scorers.num_cpus, num_gpus=c.scorers.num_gpus, max_restarts=-1, max_task_retries=-1,
                 scheduling_strategy=place(c.learner.count + c.explorers.count + i),
             ).remote(config.reward, max_batch=c.scorers.max_batch, max_wait_ms=c.scorers.max_wait_ms,
-                     threads=c.scorers.threads)
+                     threads=c.scorers.threads, index=i, run=run)
             for i in range(c.scorers.count)
         ]
         # One call at a time, in the driver's order (they share the model); "sync": snapshot pulls during train.
         job.learners = [
             ray.remote(concurrency_groups={"sync": 1})(Learner).options(
-                num_cpus=c.learner.num_cpus, num_gpus=c.learner.num_gpus, scheduling_strategy=place(rank),
-                max_concurrency=1,
+                name=actor_name("learner", rank), namespace=namespace, num_cpus=c.learner.num_cpus,
+                num_gpus=c.learner.num_gpus, scheduling_strategy=place(rank), max_concurrency=1,
             ).remote(config, run_dir, job.services, resume=resume, codec=c.codec, threads=c.learner.threads,
                      scorers=job.scorers or None, rank=rank, world=c.learner.count)
             for rank in range(c.learner.count)
@@ -160,12 +169,14 @@ def new_explorer(job: Job, config: SolRLConfig, bundle: int | None) -> Any:
     c = config.cluster
     strategy = None if bundle is None else PlacementGroupSchedulingStrategy(
         placement_group=job.placement, placement_group_bundle_index=bundle)
+    index, job.next_explorer = job.next_explorer, job.next_explorer + 1
     return ray.remote(Explorer).options(
-        num_cpus=c.explorers.num_cpus, num_gpus=c.explorers.num_gpus, scheduling_strategy=strategy,
+        name=actor_name("explorer", index), namespace=job.namespace, num_cpus=c.explorers.num_cpus,
+        num_gpus=c.explorers.num_gpus, scheduling_strategy=strategy,
         max_restarts=-1, max_task_retries=0,  # the driver re-dispatches lost slots itself
     ).remote(config.model, config.explore, config.reward, job.services, sampling=exploration_sampling(config),
              run_seed=config.run.seed, candidates=config.prompts.candidates, threads=c.explorers.threads,
-             scorers=job.scorers or None, prompt_source=config.prompts.source)
+             scorers=job.scorers or None, prompt_source=config.prompts.source, index=index, run=job.run)
 
 
 def resize_explorers(job: Job, config: SolRLConfig, target: int, health: Health,
@@ -261,7 +272,7 @@ def gather(job: Job, iteration: int, pending: dict, version: int, stats: dict,
                     raise ExplorerCrashLoop(
                         f"explorer {task.explorer} died {health.deaths[task.explorer]} times in a row without "
                         f"finishing a slot (iteration {iteration}, last slot {task.slot}: {task.prompt!r}); its "
-                        "log is in the Ray dashboard (Actors → Explorer) and the job's logs") from exc
+                        "log is in the Ray dashboard (Actors → solrl-explorer-<i>) and the job's logs") from exc
             task.first_failure = task.first_failure or now
             if now - task.first_failure > retry.timeout_s:
                 raise ExplorerCrashLoop(
@@ -293,11 +304,20 @@ def run(config: SolRLConfig, run_dir: str | None, *, resume: bool | str = False,
 def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str], None],
           on_iteration: Callable[[Job, dict[str, Any]], None] | None,
           on_start: Callable[[Job, dict[str, Any]], None] | None, evaluate_base: bool) -> list[dict[str, Any]]:
+    tick = time.perf_counter()
+    log(f"loading the model into {len(job.learners)} learner(s), {len(job.explorers)} explorer(s)"
+        + (f", {len(job.scorers)} scorer(s)" if job.scorers else "") + f" (Ray namespace {job.namespace})")
     status = on_learners(job.learners, "start")[0]
+    ray.get([e.pid.remote() for e in job.explorers])
+    log(f"actors ready in {time.perf_counter() - tick:.0f} s: solrl-learner-0..{len(job.learners) - 1}, "
+        f"solrl-explorer-0..{len(job.explorers) - 1}" + (f", solrl-scorer-0..{len(job.scorers) - 1}" if job.scorers
+                                                         else ""))
     on_learners(job.learners, "publish")  # the (resumed) sampling policy, before anything is explored
     if on_start is not None:
         on_start(job, status)
     if evaluate_base and status["iteration"] == 0:
+        e = config.eval
+        log(f"evaluating the base model: {e.prompts} held-out prompts × {e.seeds_per_prompt} seeds, {e.steps} steps")
         base = ray.get(job.learner.evaluate_base.remote())
         log("base model   held-out " + "  ".join(f"{k.removeprefix('eval_')} {v:.3f}" for k, v in base.items()))
     version, history = status["version"], []
@@ -324,6 +344,7 @@ def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str
         return resize_explorers(job, config, target, health, log)
 
     prefetched: tuple[dict, int] | None = None  # async: the next iteration's tasks and their version
+    progress = Progress("iteration", config.run.iterations, done=status["iteration"])
     for iteration in range(status["iteration"], config.run.iterations):
         stats: dict[str, Any] = {}
         tick = time.perf_counter()
@@ -361,12 +382,13 @@ def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str
             nxt = list(enumerate(prompts(iteration + 1)))
             prefetched = (dispatch(job, iteration + 1, nxt, version, health), version)
         metrics = {**on_learners(job.learners, "train", iteration, groups)[0], **stats}
-        metrics["sync_s"] = on_learners(job.learners, "publish")[0]["sync_s"]  # the new θ_old to every node
+        published = on_learners(job.learners, "publish")[0]  # the new θ_old to every node
+        metrics.update(sync_s=published["sync_s"], sync_bytes=published.get("sync_bytes", 0.0))
         metrics = on_learners(job.learners, "finish_iteration", metrics)[0]
         metrics["iteration_wall_s"] = time.perf_counter() - tick  # dispatch → finished, as the driver saw it
         version = metrics["policy_version"]
         history.append(metrics)
-        log(progress_line(metrics))
+        log(progress_line(metrics, progress))
         if on_iteration is not None:
             on_iteration(job, metrics)
     return history

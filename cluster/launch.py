@@ -119,10 +119,20 @@ def resolve(args: argparse.Namespace) -> Plan:
     return Plan(config, run_dir, notes=notes)
 
 
-def connect(config: SolRLConfig) -> LocalRay | None:
+def ray_job_id() -> str | None:
+    """The submission id of the Ray job this process is the entrypoint of (None outside `ray job submit`)."""
+    try:
+        return json.loads(os.environ.get(IN_RAY_JOB, "{}")).get("metadata", {}).get("job_submission_id")
+    except ValueError:
+        return None
+
+
+def connect(config: SolRLConfig, run_dir: Path) -> LocalRay | None:
     """Join the cluster named by the config or RAY_ADDRESS, else start a local one of its own (None when
-    joining)."""
+    joining). A local run's driver job carries the run's name and directory in its metadata (`ray list
+    jobs --detail`); a submitted job carries whatever `ray job submit --metadata-json` gave it."""
     import ray
+    from ray.job_config import JobConfig
 
     address = config.cluster.address or os.environ.get("RAY_ADDRESS")
     env = {"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
@@ -130,11 +140,32 @@ def connect(config: SolRLConfig) -> LocalRay | None:
         ray.init(address=address, log_to_driver=True)
         return None
     c = config.cluster  # logical resources: every bundle fits, whatever this machine has (scorers included)
+    metadata = {"job_name": f"solrl-{run_dir.name}", "run_name": config.run.name, "run_dir": str(run_dir)}
     return LocalRay.start(num_cpus=max(2, math.ceil(c.total("CPU"))), num_gpus=math.ceil(c.total("GPU")),
-                          runtime_env=env, dashboard_host="127.0.0.1", log_to_driver=True)
+                          runtime_env=env, dashboard_host="127.0.0.1", log_to_driver=True,
+                          job_config=JobConfig(metadata=metadata))
 
 
-def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, iteration: int) -> None:
+def show_dashboards(job) -> None:
+    """Where to watch the run: the Ray dashboard's pages, and the Grafana dashboard installed beside Ray's."""
+    import ray
+
+    from cluster.grafana import install_dashboard
+
+    url = ray._private.worker.get_dashboard_url()
+    if url:
+        url = url if url.startswith("http") else f"http://{url}"
+        print(f"Ray dashboard: {url}/#/jobs (this run's job), {url}/#/actors (solrl-learner-*, solrl-explorer-*; "
+              f"namespace {job.namespace}), metrics ray_solrl_* with label run={job.run}")
+    try:
+        path = install_dashboard(ray._private.worker.global_worker.node.get_session_dir_path())
+        print(f"Grafana dashboard 'Sol-RL job' (uid solrl) installed with Ray's: {path}")
+    except (OSError, AttributeError) as exc:  # a read-only session folder; the JSON is also in the repository
+        print(f"note: the Grafana dashboard was not installed ({exc}); import cluster/dashboards/*.json by hand")
+
+
+def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, iteration: int,
+                  namespace: str | None = None) -> None:
     """Once the run has started: the resolved config, and one line of launches.jsonl (its overrides)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / "config.yaml.tmp"
@@ -142,7 +173,8 @@ def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, 
     tmp.replace(run_dir / "config.yaml")
     line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": args.resume is not None,
             "checkpoint": args.checkpoint if args.resume is not None else None, "config": args.config,
-            "overrides": list(args.set), "from_iteration": iteration, "to_iteration": config.run.iterations}
+            "overrides": list(args.set), "from_iteration": iteration, "to_iteration": config.run.iterations,
+            "ray_job": ray_job_id(), "ray_namespace": namespace}
     with (run_dir / "launches.jsonl").open("a") as f:
         f.write(json.dumps(line) + "\n")
 
@@ -159,8 +191,8 @@ def finish(config: SolRLConfig, run_dir: Path, job) -> dict:
     full = ray.get(job.learner.history.remote())
     base = ray.get(job.learner.base_evaluation.remote())
     evals = [m for m in full if "eval_reward" in m]
-    summary = {"run_dir": str(run_dir), "iterations": len(full), "final": files, "samples": str(samples),
-               "base_eval": base,
+    summary = {"run_dir": str(run_dir), "ray_job": ray_job_id(), "iterations": len(full), "final": files,
+               "samples": str(samples), "base_eval": base,
                "last_eval": {k: evals[-1].get(k) for k in ("eval_reward", "eval_accuracy")} if evals else {},
                "mean_iteration_s": sum(m["iteration_s"] for m in full) / max(len(full), 1)}
     if full:
@@ -210,15 +242,16 @@ def main(argv: list[str] | None = None) -> int:
     from cluster.learner_group import JobFailed
 
     print(f"run directory: {run_dir}  ({config.cluster.explorers.count} explorer(s), {config.cluster.mode} mode)")
-    local, clean = connect(config), False
+    local, clean = connect(config, run_dir), False
     # After ray.init, whose native handler would otherwise end the process on SIGTERM without unwinding.
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
 
-    def started(_job, status: dict) -> None:
-        record_launch(run_dir, config, args, status["iteration"])
+    def started(job, status: dict) -> None:
+        record_launch(run_dir, config, args, status["iteration"], job.namespace)
         if local is not None:
             local.record()  # now with the actors' processes
+        show_dashboards(job)
 
     try:
         job, _ = driver.run(config, str(run_dir), resume=plan.resume, evaluate_base=True, on_start=started)

@@ -13,6 +13,7 @@ from pathlib import Path
 from cluster.config import ConfigError, SolRLConfig, check_cross_fields, one_line
 from diffusion.loading import check_model_folder, check_safetensors
 from diffusion.prompts import load_prompts
+from learner.experiment_log import missing_extras
 from rewards.base import missing_files, reward_class
 
 
@@ -103,6 +104,9 @@ def check_inputs(config: SolRLConfig) -> list[str]:
     # Validation already ran these, but a config built with model_copy(update=...) skipped them.
     check_cross_fields(config)
     _check_prompts(config)
+    missing = missing_extras(config.logging)  # W&B / TensorBoard asked for but not installed
+    if missing:
+        raise ConfigError(missing[0])
     notes: list[str] = []
     _check_reward(config, notes)
     _check_model(config)  # last: the only check that may import diffusers and transformers

@@ -47,6 +47,30 @@ class EvalConfig(BaseModel):
                        "(the papers: 40; FLUX 28)")
 
 
+class WandbConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = Field(description="the W&B project the run is logged to")
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="offline (default: no network; `wandb sync <run dir>/wandb/offline-run-*` uploads "
+        "it later), online, or disabled")
+    entity: str | None = Field(None, description="the W&B team or user (None: the account's default)")
+
+
+class LoggingConfig(BaseModel):
+    """Experiment logging beside metrics.jsonl and the dashboard (`learner.experiment_log`): every iteration's
+    scalars, and the held-out sample grid with each sample's reward every `eval.every` iterations. Only a
+    run with a run directory logs (the learner's rank 0)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    wandb: WandbConfig | None = Field(None, description="Weights & Biases: {project, mode}; needs the wandb extra")
+    tensorboard: bool = Field(False, description="TensorBoard event files in <run dir>/tensorboard; needs the "
+                              "tensorboard extra")
+    grid_prompts: int = Field(4, ge=1, description="held-out prompts (rows) of the logged sample grid")
+    grid_seeds: int = Field(4, ge=1, description="seeds per prompt (columns) of the logged sample grid")
+
+
 class NFTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -158,6 +182,7 @@ class TrainerConfig(BaseModel):
     learner: LearnerConfig = LearnerConfig()
     training: TrainingConfig = TrainingConfig()
     eval: EvalConfig = EvalConfig()
+    logging: LoggingConfig = LoggingConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -14,7 +14,7 @@ import torch
 from diffusion.noise import eval_seeds, grid_seeds
 from diffusion.policy import FlowPolicy
 from diffusion.prompts import PromptSet
-from learner.rollouts import Sampling, generate
+from learner.rollouts import Generated, Sampling, generate
 from learner.training_state import TrainingState
 from rewards import Reward, known_rewards
 
@@ -89,14 +89,24 @@ def evaluated_weights(state: TrainingState) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def sample_grid(policy: FlowPolicy, state: TrainingState, prompts: list[str], *, run_seed: int,
-                seeds_per_prompt: int, sampling: Sampling) -> torch.Tensor:
-    """Images [P·S, C, H, W] (a grid's rows: prompt p, seed s), a pure function of θ's evaluated weights
-    and the config, whatever this process did before (a resumed run's grid is the undisturbed run's,
-    byte for byte): θ is merged into a plain transformer — the weights final/transformer.safetensors
-    holds — and sampled in `fixed_numerics`. The global RNG is not drawn from."""
+def grid_samples(policy: FlowPolicy, state: TrainingState, prompts: list[str], *, run_seed: int,
+                 seeds_per_prompt: int, sampling: Sampling, reward: Reward | None = None,
+                 prompt_set: PromptSet | None = None) -> Generated:
+    """A grid's samples, rows prompt p × seeds s: images [P·S, C, H, W] (and each one's reward, when
+    `reward` is given), a pure function of θ's evaluated weights and the config, whatever this process
+    did before (a resumed run's grid is the undisturbed run's, byte for byte): θ is merged into a plain
+    transformer — the weights final/transformer.safetensors holds — and sampled in `fixed_numerics`.
+    The global RNG is not drawn from."""
     model = plain_transformer(state.transformer, evaluated_weights(state))
     seeds = [s for row in range(len(prompts)) for s in grid_seeds(run_seed, row, seeds_per_prompt)]
     per_seed = [p for p in prompts for _ in range(seeds_per_prompt)]
+    metadata = prompt_set.metadata_of(per_seed) if prompt_set is not None and reward is not None else None
     with fixed_numerics():
-        return generate(policy, model, None, per_seed, seeds, sampling, return_images=True).images
+        return generate(policy, model, reward, per_seed, seeds, sampling, return_images=True, metadata=metadata)
+
+
+def sample_grid(policy: FlowPolicy, state: TrainingState, prompts: list[str], *, run_seed: int,
+                seeds_per_prompt: int, sampling: Sampling) -> torch.Tensor:
+    """The images of `grid_samples`."""
+    return grid_samples(policy, state, prompts, run_seed=run_seed, seeds_per_prompt=seeds_per_prompt,
+                        sampling=sampling).images

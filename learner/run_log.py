@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from diffusion.progress import Progress
+
 
 def append_metrics(path: Path, metrics: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,8 +36,10 @@ def truncate_metrics(path: Path, iteration: int) -> list[dict[str, Any]]:
     return kept
 
 
-def progress_line(m: dict[str, Any]) -> str:
-    parts = [f"iter {m['iteration']:3d}", f"reward {m['reward_mean']:7.3f}"]
+def progress_line(m: dict[str, Any], progress: Progress | None = None) -> str:
+    """One iteration's line; with `progress`, it starts with the run's progress and ETA instead of the index."""
+    head = progress.line(m["iteration"] + 1) if progress is not None else f"iter {m['iteration']:3d}"
+    parts = [head, f"reward {m['reward_mean']:7.3f}"]
     if "eval_reward" in m:
         parts.append(f"held-out {m['eval_reward']:7.3f}" + (f" acc {m['eval_accuracy']:.3f}" if "eval_accuracy" in m
                                                              else ""))

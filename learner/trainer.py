@@ -29,12 +29,14 @@ from scipy.stats import spearmanr
 from diffusion.explore import ExploreEngine, explore_plan
 from diffusion.loading import load_policy_from_config
 from diffusion.noise import Stream, candidate_seeds, lora_init_seed, stream_generator
+from diffusion.progress import Progress
 from diffusion.prompts import load_prompt_set
 from learner.algorithms import ALGORITHMS
 from learner.checkpoint import check_finite, load_checkpoint, save_checkpoint, write_safetensors
 from learner.config import TrainerConfig
 from learner.data_parallel import ALONE, Shard
-from learner.evaluation import evaluate, sample_grid
+from learner.evaluation import evaluate, grid_samples, sample_grid
+from learner.experiment_log import ExperimentLog, GridSamples
 from learner.export import LORA_DIR, TRANSFORMER_DIR, merged_weights, save_lora, save_transformer
 from learner.rollouts import (
     Generated,
@@ -113,6 +115,9 @@ class Trainer:
         self._counted = dict(self.counters)  # at the start of this iteration (streamed rollouts count in it)
         self.history: list[dict[str, Any]] = []
         self.base_eval: dict[str, float] = {}
+        # W&B / TensorBoard, when the config asks: only a trainer with a run directory (rank 0) logs
+        self.experiment = ExperimentLog.open(config.logging, self.run_dir, self.run_dir.name,
+                                             config.model_dump(mode="json")) if self.run_dir is not None else None
 
     def prompts_for(self, iteration: int) -> list[str]:
         return prompts_for(self.prompts, self.seed, iteration, self.config.prompts.per_iteration)
@@ -280,14 +285,36 @@ class Trainer:
                            seeds_per_prompt=seeds_per_prompt, sampling=self.eval_sampling)
 
     def evaluate_base(self) -> dict[str, float]:
-        """The base model's held-out reward, before any update; kept in run_dir for resumed runs."""
+        """The base model's held-out reward, before any update; kept in run_dir for resumed runs (and step 0
+        of the experiment log)."""
         if self.version != 0:
             raise RuntimeError(f"the base model is version 0; this trainer holds version {self.version}")
         self.base_eval = self.evaluate()
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / BASE_EVAL_FILE).write_text(json.dumps(self.base_eval) + "\n")
+        if self.experiment is not None:
+            self.experiment.log(0, self.base_eval, self.logged_grid())
         return self.base_eval
+
+    def logged_grid(self) -> GridSamples:
+        """The experiment log's held-out grid: `logging.grid_prompts` × `logging.grid_seeds`, each scored."""
+        c = self.config.logging
+        prompts = self.eval_prompts[: c.grid_prompts]
+        out = grid_samples(self.policy, self.state, prompts, run_seed=self.seed, seeds_per_prompt=c.grid_seeds,
+                           sampling=self.eval_sampling, reward=self.reward, prompt_set=self.eval_prompt_set)
+        return GridSamples([p for p in prompts for _ in range(c.grid_seeds)], out.images, out.rewards, c.grid_seeds)
+
+    def log_experiment(self, metrics: dict[str, Any]) -> None:
+        """An iteration's record to W&B / TensorBoard (after an evaluation, with the held-out grid); the
+        caller's last step of an iteration, so that what it adds to the record (the learner's idle
+        fraction) is logged too. The log closes after the run's last iteration."""
+        if self.experiment is None:
+            return
+        step = metrics["iteration"] + 1
+        self.experiment.log(step, metrics, self.logged_grid() if "eval_reward" in metrics else None)
+        if step >= self.config.run.iterations:
+            self.experiment.close()
 
     # ---- the loop, checkpoints -------------------------------------------------------------------
     def finish_iteration(self, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -308,10 +335,13 @@ class Trainer:
     def run(self, iterations: int | None = None, log=print) -> list[dict[str, Any]]:
         total = self.config.run.iterations if iterations is None else iterations
         self.publish()  # a resumed trainer's engine catches up first
+        progress = Progress("iteration", total, done=self.iteration)
         while self.iteration < total:
             metrics = self.train_iteration(self.iteration)
             metrics["sync_s"] = self.publish()
-            log(progress_line(self.finish_iteration(metrics)))
+            metrics = self.finish_iteration(metrics)
+            self.log_experiment(metrics)
+            log(progress_line(metrics, progress))
         return self.history
 
     def checkpoint(self) -> None:

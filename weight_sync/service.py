@@ -49,6 +49,9 @@ class WeightSyncService:
         self._watchdog: Watchdog | None = None
         remove_stale(tag, self.node)  # a killed predecessor's region (its tracker may not have run yet)
 
+    def __repr__(self) -> str:  # Ray's log prefix and the dashboard's name for it
+        return service_name(getattr(self, "node", "starting"))
+
     # -- the shared-memory path (readers on this node) ---------------------------------------------
     def region(self, nbytes: int) -> str:
         """The name of this node's region, created or grown so a slot holds `nbytes` (plus headroom).
@@ -145,15 +148,16 @@ class WeightSyncService:
             return {"versions": sorted(self._snapshots), "node": self.node, "shm": describe(self._region)}
 
 
-def service_name(node_id: str, tag: str = "") -> str:
-    return f"solrl_weight_sync_{tag + '_' if tag else ''}{node_id[:16]}"
+def service_name(node_id: str) -> str:
+    return f"solrl-weight-sync-{node_id[:8]}"
 
 
-def start_services(keep: int = 2, tag: str = "") -> dict[str, Any]:
+def start_services(keep: int = 2, tag: str = "", namespace: str | None = None) -> dict[str, Any]:
     """One WeightSyncService per alive node, pinned to it (soft affinity would let it wander).
 
-    `tag` makes the names private to one job: a job never picks up another's (or a crashed test's)
-    service and its newer versions. Actors receive the handles; the names are for the dashboard."""
+    `namespace` (default `solrl-<tag>`) makes the names private to one job: a job never picks up
+    another's (or a crashed test's) service and its newer versions; `tag` also names its shared-memory
+    regions. Actors receive the handles; the names are for the dashboard."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=16)(WeightSyncService)
@@ -163,7 +167,8 @@ def start_services(keep: int = 2, tag: str = "") -> dict[str, Any]:
             continue
         node_id = node["NodeID"]
         handles[node_id] = actor.options(
-            name=service_name(node_id, tag),
+            name=service_name(node_id),
+            namespace=namespace or f"solrl-{tag}",
             get_if_exists=True,
             lifetime=None,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),

@@ -22,6 +22,7 @@ import torch
 from diffusion.embedded.data import TRAIN_TEMPLATES, load_digit_images, prompt_for
 from diffusion.embedded.model import build_text_encoder, build_tokenizer, build_transformer, save_model_folder
 from diffusion.families import SD3
+from diffusion.progress import Progress
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 DEFAULT_OUT = ARTIFACTS / "model"
@@ -37,7 +38,7 @@ def train(steps: int, seed: int, batch_size: int, lr: float) -> tuple:
     params = list(transformer.parameters()) + list(text_encoder.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     data = load_digit_images("train")
-    losses = []
+    losses, progress = [], Progress("step", steps)
     for step in range(steps):
         idx = torch.randint(len(data.labels), (batch_size,), generator=generator)
         template = torch.randint(len(TRAIN_TEMPLATES), (batch_size,), generator=generator)
@@ -55,7 +56,7 @@ def train(steps: int, seed: int, batch_size: int, lr: float) -> tuple:
         optimizer.step()
         losses.append(loss.item())
         if step % 20 == 0 or step == steps - 1:
-            print(f"step {step:4d}  loss {loss.item():.4f}", flush=True)
+            print(f"{progress.line(step + 1)}  loss {loss.item():.4f}", flush=True)
     return transformer.eval(), text_encoder.eval(), tokenizer, losses
 
 

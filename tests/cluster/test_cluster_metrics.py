@@ -1,6 +1,7 @@
 """Dashboard metrics, scraped from the node's Prometheus endpoint of a cluster of this test's own
 (no other job's series can mix in), checked for their values, not only their names — with one explorer
-death, so the fault counters are checked too."""
+death, so the fault counters are checked too, and a reward scorer, so its series are there. The same
+scrape checks the Grafana dashboard: every series a panel queries is one the job really exports."""
 
 from __future__ import annotations
 
@@ -14,42 +15,54 @@ from faults import die_on_explore_call
 from tiny import tiny_config
 
 from cluster import driver
+from cluster.grafana import build_dashboard, metric_names, queries
 
 pytestmark = pytest.mark.ray
 
 ITERATIONS, PROMPTS, CANDIDATES = 2, 2, 8
 
 
-def scrape(port: int) -> dict[str, float]:
-    """Every ray_solrl_* series, summed over its labels (one series per reporting process)."""
+def scrape(port: int) -> tuple[dict[str, float], dict[str, list[dict[str, str]]]]:
+    """Every ray_solrl_* series summed over its labels (one series per reporting process), and each
+    series' label sets."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     values: dict[str, float] = defaultdict(float)
+    labels: dict[str, list[dict[str, str]]] = defaultdict(list)
     for line in text.splitlines():
         if line.startswith("ray_solrl_"):
-            values[line.split("{")[0].split(" ")[0]] += float(line.rsplit(" ", 1)[1])
-    return dict(values)
+            name = line.split("{")[0].split(" ")[0]
+            values[name] += float(line.rsplit(" ", 1)[1])
+            if "{" in line:
+                pairs = line[line.index("{") + 1:line.rindex("}")]
+                labels[name].append(dict(p.split("=", 1) for p in pairs.replace('"', "").split(",") if "=" in p))
+    return dict(values), dict(labels)
 
 
 def test_dashboard_metrics_carry_the_runs_values(tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         cfg = tiny_config(f"prompts.per_iteration={PROMPTS}", f"prompts.candidates={CANDIDATES}",
-                          f"run.iterations={ITERATIONS}", ray=True)
+                          f"run.iterations={ITERATIONS}", f"eval.every={ITERATIONS}", "cluster.scorers.count=1",
+                          "cluster.scorers.num_cpus=0.25",
+                          ray=True)
         # The explorer dies once, in its very first slot: before it counted anything, because a dead
         # process's series leave the endpoint with it (Ray drops them; counts are per process).
         def arm(job, _status) -> None:
             ray.get(job.explorers[0].__ray_call__.remote(die_on_explore_call, 1))
 
         job, history = driver.run(cfg, str(tmp_path / "metrics"), log=lambda _: None, on_start=arm)
+        named = {n: ray.get(ray.get_actor(n, namespace=job.namespace).__ray_call__.remote(repr))
+                 for n in ("solrl-learner-0", "solrl-explorer-0", "solrl-scorer-0")}
         port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
         wanted = {"ray_solrl_policy_version": ITERATIONS,
                   "ray_solrl_explored_candidates_total": ITERATIONS * PROMPTS * CANDIDATES,
                   "ray_solrl_explorer_deaths_total": 1,
                   "ray_solrl_explorer_retries_total": sum(m.get("explorer_retries", 0) for m in history)}
-        deadline, values = time.time() + 60, {}
+        deadline, values, labels = time.time() + 60, {}, {}
         while time.time() < deadline:  # metrics reach the endpoint every few seconds
-            values = scrape(port)
-            if all(values.get(k) == v for k, v in wanted.items()) and "ray_solrl_weight_syncs_total" in values:
+            values, labels = scrape(port)
+            if all(values.get(k) == v for k, v in wanted.items()) and "ray_solrl_weight_syncs_total" in values \
+                    and "ray_solrl_scorer_reward" in values:
                 break
             time.sleep(2)
         driver.stop(job)  # after scraping: the learner's gauges leave with its process
@@ -60,10 +73,24 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
     assert values["ray_solrl_explorer_retries_total"] >= 1
     assert values["ray_solrl_weight_syncs_total"] >= ITERATIONS  # versions 0 and 1 (2 is never needed)
     assert values["ray_solrl_reward_mean"] == pytest.approx(history[-1]["reward_mean"], rel=1e-6)
-    # each configured reward's component, named after it (the only one here: the weighted total itself)
-    assert values["ray_solrl_reward_digit_alignment"] == pytest.approx(history[-1]["reward_digit_alignment"], rel=1e-6)
+    # each configured reward's component, labelled with its name (the only one here: the weighted total itself)
+    assert [s["reward"] for s in labels["ray_solrl_reward_component"]] == ["digit_alignment"]
+    assert values["ray_solrl_reward_component"] == pytest.approx(history[-1]["reward_digit_alignment"], rel=1e-6)
     assert history[-1]["reward_digit_alignment"] == pytest.approx(history[-1]["reward_mean"], rel=1e-6)
-    assert values["ray_solrl_train_s"] == pytest.approx(history[-1]["train_s"], rel=1e-6)
+    assert values["ray_solrl_train_seconds"] == pytest.approx(history[-1]["train_s"], rel=1e-6)
+    assert values["ray_solrl_iterations_done"] == ITERATIONS
+    assert values["ray_solrl_weight_sync_bytes_total"] == pytest.approx(sum(m["sync_bytes"] for m in history))
+    assert values["ray_solrl_weight_sync_bytes_total"] > 0
     assert 0 <= values["ray_solrl_learner_idle_fraction"] <= 1
     assert values["ray_solrl_rank_spearman"] == pytest.approx(history[-1]["rank_spearman"], rel=1e-6)
-    assert values.get("ray_solrl_skipped_updates_total", 0) == 0
+    assert values["ray_solrl_skipped_updates_total"] == 0  # exported at 0 from the start
+    # every series carries the run's label; per-actor ones their actor's index, as in its name
+    run = (tmp_path / "metrics").name
+    assert all(s["run"] == run for series in labels.values() for s in series)
+    assert {s["explorer"] for s in labels["ray_solrl_explored_candidates_total"]} == {"0"}
+    assert {s["scorer"] for s in labels["ray_solrl_scorer_requests_total"]} == {"0"}
+    assert all(name == shown for name, shown in named.items()), named  # the name is also its repr (log prefix)
+    # the Grafana dashboard queries only series this run exported
+    for expr in queries(build_dashboard()):
+        assert metric_names(expr), expr
+        assert metric_names(expr) <= set(values), (expr, sorted(metric_names(expr) - set(values)))

@@ -16,7 +16,7 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     main(["--run-dir", str(run_dir), "--iterations", "2", "--fidelity-prompts", "1",
           *[arg for item in SMALL for arg in ("--set", item)]])
     out = capsys.readouterr().out
-    assert "iter   1" in out and "held-out reward" in out and "| nvfp4 | 3 |" not in out
+    assert "iteration 2/2 (100%)" in out and "held-out reward" in out and "| nvfp4 | 3 |" not in out
     for name in ("samples_before_after.png", "reward_curve.png", "metrics.jsonl", "summary.json"):
         assert (run_dir / name).stat().st_size > 0, name
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -93,9 +93,9 @@ def ray_head():
         assert not left, f"processes of the test's Ray left behind: {[p.pid for p in left]}"
 
 
-def submit(address: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+def submit(address: str, env: dict, *args: str, job: list[str] = ()) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [RAY, "job", "submit", "--address", address, "--working-dir", str(REPO),
+        [RAY, "job", "submit", "--address", address, "--working-dir", str(REPO), *job,
          "--runtime-env", str(REPO / "cluster" / "runtime_env.yaml"), "--", "python", "-m", "cluster.launch", *args],
         env=env, timeout=900, capture_output=True, text=True, cwd=REPO)
 
@@ -121,8 +121,11 @@ def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, t
     assert "inside a Ray job it would land in Ray's temporary copy" in output, output[-3000:]
 
     run_dir = tmp_path / "run"
+    # as the README says: the submission id names the run, the metadata holds its directory
+    job_id = f"solrl-{run_dir.name}-{secrets.token_hex(3)}"
     result = submit(address, env, "--config", "configs/embedded.yaml", "--run-dir", str(run_dir),
-                    *[arg for item in SETS for arg in ("--set", item)])
+                    *[arg for item in SETS for arg in ("--set", item)],
+                    job=["--submission-id", job_id, "--metadata-json", json.dumps({"run_dir": str(run_dir)})])
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "succeeded" in output.lower(), output[-4000:]
@@ -133,5 +136,12 @@ def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, t
         assert (run_dir / name).is_file(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["iterations"] == 2 and "eval_reward" in summary["last_eval"]
+    assert summary["ray_job"] == job_id
+    launch = json.loads((run_dir / "launches.jsonl").read_text())
+    assert launch["ray_job"] == job_id and launch["ray_namespace"].startswith(f"solrl-{run_dir.name}-")
+    assert "Ray dashboard: http://127.0.0.1:" in output and "Grafana dashboard 'Sol-RL job'" in output
+    listed = subprocess.run([RAY, "job", "list", "--address", address], env=env, timeout=120, capture_output=True,
+                            text=True)
+    assert job_id in listed.stdout and str(run_dir) in listed.stdout, listed.stdout[-3000:]
     assert summary["run_dir"] == str(run_dir) and summary["final"]["transformer"] == str(run_dir / "final" /
                                                                                          "transformer")

@@ -93,7 +93,7 @@ def test_a_signalled_launcher_takes_its_local_ray_down(tmp_path, signum):
     deadline = time.time() + 300
     for line in run.stdout:
         lines.append(line)
-        if line.startswith("iter "):
+        if line.startswith("iteration "):
             break
         assert time.time() < deadline, "".join(lines)[-3000:]
     descendants = psutil.Process(run.pid).children(recursive=True)
@@ -116,7 +116,7 @@ def test_the_next_launch_stops_what_a_sigkilled_launcher_left(tmp_path):
     raylet; the next launch (even one that fails on its input) stops them and says so."""
     run = launch(tmp_path / "run", "run.iterations=200")
     for line in run.stdout:
-        if line.startswith("iter "):
+        if line.startswith("iteration "):
             break
     descendants = psutil.Process(run.pid).children(recursive=True)
     run.kill()

@@ -1,0 +1,33 @@
+"""How the job's actors are called: their names in the Ray dashboard, their namespace, their metric labels.
+
+Every actor of a job lives in the job's own namespace, `solrl-<run>-<tag>`, so two jobs (or two test runs
+in one Ray session) never collide on a name, and is named after its role and index: `solrl-learner-<rank>`,
+`solrl-explorer-<i>` (indices are never reused within a job: an explorer added by `cluster.control` after one
+was removed gets a new index, because Ray frees a killed actor's name only asynchronously), and
+`solrl-scorer-<i>`; each node's weight-sync service is `solrl-weight-sync-<node>` (`weight_sync.service`).
+The same string is the actor's `repr`, which Ray prints before each of its log lines and shows in the
+dashboard's Actors table. Find them with `ray list actors --filter "name=solrl-explorer-0"` or in the
+dashboard's Actors page.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROLES = ("learner", "explorer", "scorer")
+
+
+def actor_name(role: str, index: int) -> str:
+    if role not in ROLES:
+        raise ValueError(f"unknown actor role {role!r}; one of {ROLES}")
+    return f"solrl-{role}-{index}"
+
+
+def run_label(run_dir: str | None, run_name: str) -> str:
+    """The `run` label of the job's metrics: its run directory's name (unique per run), else `run.name`."""
+    return Path(run_dir).name if run_dir else run_name
+
+
+def job_namespace(run: str, tag: str) -> str:
+    return f"solrl-{re.sub(r'[^A-Za-z0-9_.-]', '_', run)}-{tag}"
