@@ -1,0 +1,272 @@
+"""`make dashboard-check`: the job as its users watch it, checked with the real tools.
+
+    python -m cluster.dashboard_check [--out runs/dashboard-check] [--iterations 8]
+
+1. Starts a local Ray with its dashboard and runs a short embedded job on it (two explorers and a reward
+   scorer, so every kind of actor and every series is there).
+2. Starts Debian's `prometheus` on loopback, scraping Ray through the service-discovery file Ray writes
+   (`<temp dir>/prom_metrics_service_discovery.json`, as Ray's own Prometheus setup does), and evaluates
+   every query of the Grafana dashboard (`cluster.grafana`) against it: each must return a series.
+3. Opens the Ray dashboard's Jobs and Actors pages in headless Chromium (Debian's `chromium`), driven
+   over the DevTools protocol so it can carry the cluster's authentication token as the dashboard's
+   login would (Ray 2.60 turns token authentication on by default), checks that the pages name the job
+   and the actors `solrl-learner-0`, `solrl-explorer-0/1`, `solrl-scorer-0`, and saves screenshots.
+
+Grafana itself has no Debian package and cannot be installed here; the queries it would run are the
+ones checked in step 2. Writes `<out>/jobs.png`, `<out>/actors.png` and `<out>/dashboard_check.json`;
+exits 1 if a query returns nothing or a page lacks what it must show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from cluster.config import load_config
+from cluster.grafana import PANELS, install_dashboard, metric_names, promql
+from cluster.local_ray import LocalRay
+
+TOOLS = {"prometheus": "prometheus", "chromium": "chromium"}  # binary → Debian package
+SCRAPE_S = 2
+BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--remote-allow-origins=*", "--window-size=1600,1000"]
+TOKEN_COOKIE = "ray-authentication-token"  # ray._private.authentication.authentication_constants
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def missing_tools() -> list[str]:
+    return [package for binary, package in TOOLS.items() if shutil.which(binary) is None]
+
+
+def check_config(iterations: int):
+    return load_config("configs/embedded.yaml", [
+        f"run.iterations={iterations}", "run.checkpoint_every=0", "eval.every=2", "eval.prompts=4",
+        "eval.seeds_per_prompt=4", "prompts.per_iteration=4", "prompts.candidates=48", "prompts.keep=12",
+        "cluster.explorers.count=2", "cluster.explorers.num_cpus=0.5", "cluster.explorers.threads=1",
+        "cluster.learner.num_cpus=0.5", "cluster.learner.threads=1", "cluster.scorers.count=1",
+        "cluster.scorers.num_cpus=0.25"])
+
+
+# ---- Prometheus ----------------------------------------------------------------------------------
+def start_prometheus(folder: Path, discovery: Path, port: int) -> subprocess.Popen:
+    config = folder / "prometheus.yml"
+    config.write_text(
+        f"global: {{scrape_interval: {SCRAPE_S}s, evaluation_interval: {SCRAPE_S}s}}\n"
+        "scrape_configs:\n- job_name: ray\n  file_sd_configs:\n"
+        f"  - files: ['{discovery}']\n    refresh_interval: {SCRAPE_S}s\n")
+    log = open(folder / "prometheus.log", "w")  # noqa: SIM115 (lives as long as the process)
+    return subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={folder / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+
+
+def query(port: int, expr: str) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    answer = json.loads(urllib.request.urlopen(url, timeout=10).read())
+    if answer.get("status") != "success":
+        raise RuntimeError(f"Prometheus refused {expr!r}: {answer}")
+    return answer["data"]["result"]
+
+
+def evaluate_panels(port: int) -> list[dict[str, Any]]:
+    """Every dashboard query, as Grafana would send it (its variables replaced): series returned."""
+    rows = []
+    for panel in PANELS:
+        for q in panel.queries:
+            expr = promql(q.expr, window=f"{10 * SCRAPE_S}s", range_="10m")
+            result = query(port, expr)
+            values = [float(r["value"][1]) for r in result]
+            rows.append({"panel": panel.title, "query": expr, "metrics": sorted(metric_names(expr)),
+                         "series": len(result), "values": values[:4]})
+    return rows
+
+
+# ---- Chromium over the DevTools protocol ---------------------------------------------------------
+async def browse(debug_port: int, pages: list[tuple[str, Path]], cookie: tuple[str, str] | None,
+                 settle_s: float) -> dict[str, str]:
+    """Open each page, wait for it to settle, save a screenshot; the text each page shows."""
+    import aiohttp
+
+    texts = {}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{debug_port}/json/list") as r:
+            target = next(t for t in await r.json() if t["type"] == "page")
+        async with session.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+            calls = 0
+
+            async def call(method: str, **params: Any) -> dict[str, Any]:
+                nonlocal calls
+                calls += 1
+                await ws.send_json({"id": calls, "method": method, "params": params})
+                async for message in ws:
+                    data = message.json()
+                    if data.get("id") == calls:
+                        if "error" in data:
+                            raise RuntimeError(f"{method}: {data['error']}")
+                        return data.get("result", {})
+                raise RuntimeError(f"{method}: the browser closed the connection")
+
+            await call("Network.enable")
+            if cookie is not None:  # what the dashboard's login dialog stores (an HttpOnly cookie)
+                await call("Network.setCookie", name=TOKEN_COOKIE, value=cookie[1], url=cookie[0], httpOnly=True)
+            await call("Emulation.setDeviceMetricsOverride", width=1600, height=1000, deviceScaleFactor=1,
+                       mobile=False)
+            for url, path in pages:
+                await call("Page.navigate", url=url)
+                await asyncio.sleep(settle_s)
+                shot = await call("Page.captureScreenshot", format="png")
+                path.write_bytes(base64.b64decode(shot["data"]))
+                text = await call("Runtime.evaluate", expression="document.body.innerText", returnByValue=True)
+                texts[url] = text["result"].get("value", "")
+    return texts
+
+
+def auth_token() -> str | None:
+    """The token Ray's token authentication checks (None when it is off): RAY_AUTH_TOKEN, the file at
+    RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token, as Ray looks for it."""
+    if os.environ.get("RAY_AUTH_MODE", "token") == "disabled":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    return path.read_text().strip() if path.is_file() else None
+
+
+# ---- the check -----------------------------------------------------------------------------------
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout_s:.0f} s")
+        time.sleep(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("runs/dashboard-check"))
+    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--settle", type=float, default=8.0, help="seconds a page gets to load its data")
+    args = parser.parse_args(argv)
+    missing = missing_tools()
+    if missing:
+        print(f"error: {', '.join(missing)} not found; install Debian's packages: apt-get install -y "
+              f"{' '.join(missing)}", file=sys.stderr)
+        return 2
+    out = args.out.resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    run_dir = out / "run"
+    config = check_config(args.iterations)
+
+    import ray
+    from ray.job_config import JobConfig
+
+    from cluster import driver
+
+    dashboard_port, prometheus_port, debug_port = free_port(), free_port(), free_port()
+    metadata = {"job_name": "solrl-dashboard-check", "run_name": config.run.name, "run_dir": str(run_dir)}
+    local = LocalRay.start(num_cpus=4, dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
+                           include_dashboard=True, log_to_driver=False, job_config=JobConfig(metadata=metadata),
+                           runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}})
+    scratch = Path(tempfile.mkdtemp(prefix="solrl-check-"))
+    prometheus = browser = None
+    lines: list[str] = []
+    result: dict[str, Any] = {}
+
+    def job() -> None:
+        try:
+            job_, history = driver.run(config, str(run_dir), log=lambda line: (lines.append(line), print(line)))
+            result["history"] = history
+            driver.stop(job_)
+        except BaseException as exc:  # reported by the main thread
+            result["error"] = exc
+
+    try:
+        install_dashboard(ray._private.worker.global_worker.node.get_session_dir_path())
+        discovery = local.folder / "prom_metrics_service_discovery.json"
+        worker = threading.Thread(target=job, daemon=True)
+        worker.start()
+        wait_for(lambda: discovery.is_file() or "error" in result, 120, "Ray's Prometheus service discovery file")
+        prometheus = start_prometheus(scratch, discovery, prometheus_port)
+
+        def done() -> float:
+            try:
+                return max((float(r["value"][1]) for r in query(prometheus_port, "ray_solrl_iterations_done")),
+                           default=0.0)
+            except OSError:
+                return 0.0
+        wait_for(lambda: done() >= 3 or "error" in result, 900, "three iterations scraped by Prometheus")
+        if "error" in result:
+            raise result["error"]
+        time.sleep(3 * SCRAPE_S)  # the rate() windows get their second point
+        rows = evaluate_panels(prometheus_port)
+
+        browser = subprocess.Popen(["chromium", *BROWSER_FLAGS, f"--remote-debugging-port={debug_port}",
+                                    f"--user-data-dir={scratch / 'browser'}", "about:blank"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: _listening(debug_port), 60, "Chromium's DevTools port")
+        base = f"http://127.0.0.1:{dashboard_port}"
+        token = auth_token()
+        pages = [(f"{base}/#/jobs", out / "jobs.png"), (f"{base}/#/actors", out / "actors.png")]
+        texts = asyncio.run(browse(debug_port, pages, (base, token) if token else None, args.settle))
+        worker.join(timeout=900)
+        if "error" in result:
+            raise result["error"]
+    finally:
+        for process in (browser, prometheus):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)
+        local.stop(remove=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    actors_text, jobs_text = texts[pages[1][0]], texts[pages[0][0]]
+    wanted = {"actors page names solrl-learner-0": "solrl-learner-0" in actors_text,
+              "actors page names solrl-explorer-0 and -1": "solrl-explorer-0" in actors_text
+              and "solrl-explorer-1" in actors_text,
+              "actors page names solrl-scorer-0": "solrl-scorer-0" in actors_text,
+              "actors page names the weight-sync service": "solrl-weight-sync-" in actors_text,
+              "jobs page shows the job (its entrypoint)": "cluster.dashboard_check" in jobs_text,
+              "every dashboard query returns a series": all(r["series"] > 0 for r in rows)}
+    print(f"\n{'panel':<38} {'series':>6}  query")
+    for r in rows:
+        print(f"{r['panel']:<38} {r['series']:>6}  {r['query']}")
+    print()
+    for what, ok in wanted.items():
+        print(f"{'ok  ' if ok else 'FAIL'}  {what}")
+    report = {"queries": rows, "checks": wanted, "iterations": len(result.get("history", [])),
+              "screenshots": [str(p) for _, p in pages]}
+    (out / "dashboard_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {out / 'jobs.png'}, {out / 'actors.png'}, {out / 'dashboard_check.json'}")
+    return 0 if all(wanted.values()) else 1
+
+
+def _listening(port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/json/version", timeout=2).read()
+        return True
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
