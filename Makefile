@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo demo-local test lint bench bench-alignment world clean-venv
+.PHONY: demo demo-local test lint bench bench-alignment world clean-venv dashboard-check
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,18 @@ demo-local: $(STAMP)
 test: $(STAMP)
 	# pytest exits 5 when it collects no tests: that is a failure here too.
 	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+
+# The job as its users watch it: a short job submitted to a local Ray, every Grafana query evaluated by a
+# real Prometheus, the dashboard's Jobs and Actors pages captured in headless Chromium (docs/monitoring.md).
+DASHBOARD_TOOLS := prometheus chromium
+dashboard-check: $(STAMP)
+	@missing=""; for t in $(DASHBOARD_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get install -y -q $$missing || { apt-get update -q && apt-get install -y -q $$missing; }; \
+		else echo "dashboard-check needs Debian's$$missing: sudo apt-get install -y$$missing"; exit 2; fi; \
+	fi
+	$(PY) -m cluster.dashboard_check --out runs/dashboard-check
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

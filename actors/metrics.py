@@ -105,11 +105,15 @@ EXPLORER = (
     _gauge("explorer_policy_version", "short", "policy version the explorer's engine holds",
            tags=("run", "explorer")),
 )
+# Counters only: a scorer works in bursts, and Ray stops exporting a gauge that is not set again, so a
+# "latest batch" gauge is missing from most scrapes. Rates of counters give the same figures over any window
+# (images per batch = rate(images) / rate(batches)).
 SCORER = (
     _counter(None, "solrl_scorer_requests", "scoring requests served", tags=("run", "scorer")),
-    _gauge("scorer_batch_images", "short", "images in the latest scored batch", tags=("run", "scorer")),
-    Metric("solrl_scorer_reward", "gauge", "none", "mean reward of the latest scored batch, before weighting",
-           tags=("run", "scorer", "reward")),
+    _counter(None, "solrl_scorer_batches", "batches scored (requests merged up to cluster.scorers.max_batch)",
+             tags=("run", "scorer")),
+    _counter(None, "solrl_scorer_images", "images scored", tags=("run", "scorer")),
+    _counter(None, "solrl_scorer_busy_seconds", "seconds spent scoring batches", unit="s", tags=("run", "scorer")),
 )
 METRICS = (*LEARNER, REWARD_COMPONENT, EVAL_DETAIL, *EXPLORER, *SCORER)
 # metrics.jsonl keys starting with reward_ that are not components
@@ -137,11 +141,17 @@ class LearnerMetrics:
         self.components = REWARD_COMPONENT.instrument(tags)
         self.eval_details = EVAL_DETAIL.instrument(tags)
         self.iterations = iterations
+        self.last_eval: dict[str, Any] = {}
 
     def record(self, values: dict[str, Any]) -> None:
+        """Every gauge is set again on every record: Ray 2.60 stops exporting a gauge that is not, so the
+        held-out values of the last evaluation are repeated until the next one (every eval.every)."""
         if "iteration" in values:
             self.done.set(float(values["iteration"] + 1))
-        values = {**values, "iterations_planned": self.iterations}  # each time: Ray exports a gauge's recent sets
+        fresh = {k: v for k, v in values.items() if k.startswith("eval_")}
+        if fresh:
+            self.last_eval = fresh
+        values = {**self.last_eval, **values, "iterations_planned": self.iterations}
         for key, (metric, instrument) in self.instruments.items():
             value = values.get(key)
             if metric.kind == "gauge" and _finite(value):
@@ -173,5 +183,12 @@ class ExplorerMetrics:
 
 class ScorerMetrics:
     def __init__(self, run: str, index: int) -> None:
-        self.requests, self.batch_images, self.reward = (m.instrument({"run": run, "scorer": str(index)})
-                                                         for m in SCORER)
+        self.requests, self.batches, self.images, self.busy = (m.instrument({"run": run, "scorer": str(index)})
+                                                               for m in SCORER)
+
+    def scored(self, images: int, seconds: float) -> None:
+        self.batches.inc()
+        if images:
+            self.images.inc(float(images))
+        if seconds > 0:
+            self.busy.inc(seconds)

@@ -8,7 +8,8 @@ scores. A scorer batches the requests of all its callers (`RequestBatcher`: up t
 images or `max_wait_ms`), scores every configured reward on the batch, and returns each caller its
 slice. The caller combines the components with the configured weights (`combine_components`), so
 the weighting is decided in one place, and each component stays visible in the diagnostics and the
-metrics (the learner's `solrl_reward_component{reward=<name>}`, a scorer's `solrl_scorer_reward{reward=<name>}`).
+metrics (the learner's `solrl_reward_component{reward=<name>}`); a scorer counts its requests, batches,
+images and busy seconds (`solrl_scorer_*`).
 
 A scorer holds no state but its models: when one dies, Ray restarts it (`max_restarts=-1`) and
 retries the call (`max_task_retries=-1`), and the restarted scorer scores the same images to the same
@@ -17,6 +18,7 @@ values.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,12 +76,9 @@ class RewardScorer:
         return getattr(self, "name", "solrl-scorer")
 
     def _score_batch(self, requests: list[ScoreRequest]) -> list[ComponentScores]:
+        start = time.perf_counter()
         results = score_components(self.rewards, requests)
-        self.metrics.batch_images.set(float(sum(len(r[1]) for r in requests)))
-        for name in self.rewards:
-            values = torch.cat([result[name][0] for result in results])
-            if values.numel() and bool(torch.isfinite(values).all()):
-                self.metrics.reward.set(float(values.mean()), tags={"reward": name})
+        self.metrics.scored(sum(len(r[1]) for r in requests), time.perf_counter() - start)
         return results
 
     async def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> ComponentScores:

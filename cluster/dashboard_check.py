@@ -2,8 +2,9 @@
 
     python -m cluster.dashboard_check [--out runs/dashboard-check] [--iterations 8]
 
-1. Starts a local Ray with its dashboard and runs a short embedded job on it (two explorers and a reward
-   scorer, so every kind of actor and every series is there).
+1. Starts a local Ray with its dashboard and submits a short embedded job to it as users do (`ray job
+   submit`'s API, with a submission id naming the run and the run directory in the metadata; two explorers
+   and a reward scorer, so every kind of actor and every series is there).
 2. Starts Debian's `prometheus` on loopback, scraping Ray through the service-discovery file Ray writes
    (`<temp dir>/prom_metrics_service_discovery.json`, as Ray's own Prometheus setup does), and evaluates
    every query of the Grafana dashboard (`cluster.grafana`) against it: each must return a series.
@@ -13,7 +14,8 @@
    and the actors `solrl-learner-0`, `solrl-explorer-0/1`, `solrl-scorer-0`, and saves screenshots.
 
 Grafana itself has no Debian package and cannot be installed here; the queries it would run are the
-ones checked in step 2. Writes `<out>/jobs.png`, `<out>/actors.png` and `<out>/dashboard_check.json`;
+ones checked in step 2. Writes `<out>/jobs.png`, `<out>/actors.png`, `<out>/dashboard_check.json`, the
+job's log `<out>/job.log` and its run directory `<out>/embedded`;
 exits 1 if a query returns nothing or a page lacks what it must show.
 """
 
@@ -24,12 +26,13 @@ import asyncio
 import base64
 import json
 import os
+import secrets
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -40,6 +43,8 @@ from cluster.config import load_config
 from cluster.grafana import PANELS, install_dashboard, metric_names, promql
 from cluster.local_ray import LocalRay
 
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = "configs/embedded.yaml"
 TOOLS = {"prometheus": "prometheus", "chromium": "chromium"}  # binary → Debian package
 SCRAPE_S = 2
 BROWSER_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -58,13 +63,13 @@ def missing_tools() -> list[str]:
     return [package for binary, package in TOOLS.items() if shutil.which(binary) is None]
 
 
-def check_config(iterations: int):
-    return load_config("configs/embedded.yaml", [
-        f"run.iterations={iterations}", "run.checkpoint_every=0", "eval.every=2", "eval.prompts=4",
-        "eval.seeds_per_prompt=4", "prompts.per_iteration=4", "prompts.candidates=48", "prompts.keep=12",
-        "cluster.explorers.count=2", "cluster.explorers.num_cpus=0.5", "cluster.explorers.threads=1",
-        "cluster.learner.num_cpus=0.5", "cluster.learner.threads=1", "cluster.scorers.count=1",
-        "cluster.scorers.num_cpus=0.25"])
+def check_sets(iterations: int) -> list[str]:
+    """The short job's overrides of the embedded preset: every kind of actor, an evaluation every 2."""
+    return [f"run.iterations={iterations}", "run.checkpoint_every=0", "eval.every=2", "eval.prompts=4",
+            "eval.seeds_per_prompt=4", "prompts.per_iteration=4", "prompts.candidates=48", "prompts.keep=12",
+            "cluster.explorers.count=2", "cluster.explorers.num_cpus=0.5", "cluster.explorers.threads=1",
+            "cluster.learner.num_cpus=0.5", "cluster.learner.threads=1", "cluster.scorers.count=1",
+            "cluster.scorers.num_cpus=0.25"]
 
 
 # ---- Prometheus ----------------------------------------------------------------------------------
@@ -163,7 +168,8 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/dashboard-check"))
-    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--iterations", type=int, default=24,
+                        help="long enough that the actors are still alive when the pages are captured")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds a page gets to load its data")
     args = parser.parse_args(argv)
     missing = missing_tools()
@@ -171,66 +177,61 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {', '.join(missing)} not found; install Debian's packages: apt-get install -y "
               f"{' '.join(missing)}", file=sys.stderr)
         return 2
+    sets = check_sets(args.iterations)
+    load_config(CONFIG, sets)  # a bad override fails here, before Ray starts
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    run_dir = out / "run"
-    config = check_config(args.iterations)
+    run_dir = out / "embedded"
+    # as docs/monitoring.md advises: the submission id and the job's name (the dashboard's Name column) say
+    # which run it is, the metadata holds its directory
+    job_name = f"solrl-{run_dir.name}"  # what a local launch names its driver job (cluster.launch.connect)
+    submission_id = f"{job_name}-{secrets.token_hex(3)}"
+    entrypoint = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "cluster.launch", "--config", CONFIG,
+                                                   "--run-dir", str(run_dir), *(x for v in sets for x in ("--set", v))])
 
     import ray
-    from ray.job_config import JobConfig
-
-    from cluster import driver
+    from ray.job_submission import JobStatus, JobSubmissionClient
 
     dashboard_port, prometheus_port, debug_port = free_port(), free_port(), free_port()
-    metadata = {"job_name": "solrl-dashboard-check", "run_name": config.run.name, "run_dir": str(run_dir)}
     local = LocalRay.start(num_cpus=4, dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
-                           include_dashboard=True, log_to_driver=False, job_config=JobConfig(metadata=metadata),
-                           runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}})
+                           include_dashboard=True, log_to_driver=False)
+    base = f"http://127.0.0.1:{dashboard_port}"
     scratch = Path(tempfile.mkdtemp(prefix="solrl-check-"))
     prometheus = browser = None
-    lines: list[str] = []
-    result: dict[str, Any] = {}
-
-    def job() -> None:
-        try:
-            job_, history = driver.run(config, str(run_dir), log=lambda line: (lines.append(line), print(line)))
-            result["history"] = history
-            driver.stop(job_)
-        except BaseException as exc:  # reported by the main thread
-            result["error"] = exc
-
     try:
         install_dashboard(ray._private.worker.global_worker.node.get_session_dir_path())
+        client = JobSubmissionClient(base)
+        client.submit_job(entrypoint=f"cd {shlex.quote(str(REPO))} && {entrypoint}", submission_id=submission_id,
+                          metadata={"job_name": job_name, "run_dir": str(run_dir)},
+                          runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}})
+        print(f"submitted {submission_id}: {entrypoint}")
         discovery = local.folder / "prom_metrics_service_discovery.json"
-        worker = threading.Thread(target=job, daemon=True)
-        worker.start()
-        wait_for(lambda: discovery.is_file() or "error" in result, 120, "Ray's Prometheus service discovery file")
+        wait_for(discovery.is_file, 120, "Ray's Prometheus service discovery file")
         prometheus = start_prometheus(scratch, discovery, prometheus_port)
+        browser = subprocess.Popen(["chromium", *BROWSER_FLAGS, f"--remote-debugging-port={debug_port}",
+                                    f"--user-data-dir={scratch / 'browser'}", "about:blank"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def done() -> float:
+            if client.get_job_status(submission_id).is_terminal():
+                raise RuntimeError(f"the job ended early:\n{client.get_job_logs(submission_id)[-4000:]}")
             try:
                 return max((float(r["value"][1]) for r in query(prometheus_port, "ray_solrl_iterations_done")),
                            default=0.0)
             except OSError:
                 return 0.0
-        wait_for(lambda: done() >= 3 or "error" in result, 900, "three iterations scraped by Prometheus")
-        if "error" in result:
-            raise result["error"]
+        wait_for(lambda: done() >= 3, 900, "three iterations scraped by Prometheus")
         time.sleep(3 * SCRAPE_S)  # the rate() windows get their second point
         rows = evaluate_panels(prometheus_port)
-
-        browser = subprocess.Popen(["chromium", *BROWSER_FLAGS, f"--remote-debugging-port={debug_port}",
-                                    f"--user-data-dir={scratch / 'browser'}", "about:blank"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: _listening(debug_port), 60, "Chromium's DevTools port")
-        base = f"http://127.0.0.1:{dashboard_port}"
         token = auth_token()
         pages = [(f"{base}/#/jobs", out / "jobs.png"), (f"{base}/#/actors", out / "actors.png")]
         texts = asyncio.run(browse(debug_port, pages, (base, token) if token else None, args.settle))
-        worker.join(timeout=900)
-        if "error" in result:
-            raise result["error"]
+        wait_for(lambda: client.get_job_status(submission_id).is_terminal(), 900, "the job's end")
+        status = client.get_job_status(submission_id)
+        logs = client.get_job_logs(submission_id)
+        (out / "job.log").write_text(logs)
     finally:
         for process in (browser, prometheus):
             if process is not None:
@@ -240,23 +241,28 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
     actors_text, jobs_text = texts[pages[1][0]], texts[pages[0][0]]
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     wanted = {"actors page names solrl-learner-0": "solrl-learner-0" in actors_text,
               "actors page names solrl-explorer-0 and -1": "solrl-explorer-0" in actors_text
               and "solrl-explorer-1" in actors_text,
               "actors page names solrl-scorer-0": "solrl-scorer-0" in actors_text,
               "actors page names the weight-sync service": "solrl-weight-sync-" in actors_text,
-              "jobs page shows the job (its entrypoint)": "cluster.dashboard_check" in jobs_text,
-              "every dashboard query returns a series": all(r["series"] > 0 for r in rows)}
+              "actors page shows them alive": "ALIVE" in actors_text,
+              f"jobs page shows the submission id {submission_id}": submission_id in jobs_text,
+              f"jobs page shows the job's name {job_name}": job_name in jobs_text.replace(submission_id, ""),
+              "every dashboard query returns a series": all(r["series"] > 0 for r in rows),
+              "the job succeeded": status == JobStatus.SUCCEEDED,
+              "the run's summary names the job": summary.get("ray_job") == submission_id}
     print(f"\n{'panel':<38} {'series':>6}  query")
     for r in rows:
         print(f"{r['panel']:<38} {r['series']:>6}  {r['query']}")
     print()
     for what, ok in wanted.items():
         print(f"{'ok  ' if ok else 'FAIL'}  {what}")
-    report = {"queries": rows, "checks": wanted, "iterations": len(result.get("history", [])),
+    report = {"submission_id": submission_id, "run_dir": str(run_dir), "queries": rows, "checks": wanted,
               "screenshots": [str(p) for _, p in pages]}
     (out / "dashboard_check.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {out / 'jobs.png'}, {out / 'actors.png'}, {out / 'dashboard_check.json'}")
+    print(f"\nwrote {out / 'jobs.png'}, {out / 'actors.png'}, {out / 'dashboard_check.json'}, {out / 'job.log'}")
     return 0 if all(wanted.values()) else 1
 
 

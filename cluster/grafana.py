@@ -1,7 +1,8 @@
 """The job's Grafana dashboard, built from the metric table (`actors.metrics.METRICS`).
 
-    python -m cluster.grafana            # rewrites cluster/dashboards/solrl_grafana_dashboard.json
-    python -m cluster.grafana --markdown # the panel table of docs/monitoring.md
+    python -m cluster.grafana            # rewrites cluster/dashboards/solrl_grafana_dashboard.json and the
+                                         # metric and panel tables of docs/monitoring.md
+    python -m cluster.grafana --markdown # prints those two tables
 
 A panel names metrics through `actors.metrics`, never as strings, so it cannot query a series the job
 does not declare (and a test scrapes a real run to check that each one is really exported). Ray writes
@@ -21,9 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from actors.metrics import UNITS, by_name
+from actors.metrics import METRICS, UNITS, by_name
 
 DASHBOARD_FILE = Path(__file__).parent / "dashboards" / "solrl_grafana_dashboard.json"
+MONITORING_DOC = Path(__file__).resolve().parents[1] / "docs" / "monitoring.md"  # absent in an installed wheel
 UID = "solrl"
 RUN = 'run=~"$run"'
 RATE = "$__rate_interval"  # Grafana's own; `promql` gives Prometheus a fixed window instead
@@ -61,7 +63,9 @@ PANELS = (
     Panel("Progress", "Iterations finished of the planned run.iterations, and explorers taking slots.", "short",
           (Query(f"max by (run) ({sel('solrl_iterations_done')})", "iterations done {{run}}"),
            Query(f"max by (run) ({sel('solrl_iterations_planned')})", "planned {{run}}"),
-           Query(f"max by (run) ({sel('solrl_explorers')})", "explorers {{run}}")), kind="stat", width=24),
+           Query(f"max by (run) ({sel('solrl_explorers')})", "explorers {{run}}"),
+           Query(f"max by (run) ({sel('solrl_explorers_joining')})", "explorers joining {{run}}"),
+           Query(f"sum by (run) ({sel('solrl_weight_syncs')})", "snapshots loaded {{run}}")), kind="stat", width=24),
     Panel("Reward of the kept samples", "Mean and max true (full-precision) reward of the samples the learner "
           "trained on, and the explorers' low-precision proxy reward of all candidates.", "none",
           (Query(f"{sel('solrl_reward_mean')}", "mean {{run}}"), Query(f"{sel('solrl_reward_max')}", "max {{run}}"),
@@ -83,6 +87,10 @@ PANELS = (
            Query(f"{sel('solrl_regenerate_seconds')}", "regenerate {{run}}"),
            Query(f"{sel('solrl_train_seconds')}", "train {{run}}"),
            Query(f"{sel('solrl_sync_seconds')}", "sync {{run}}")), stacked=True),
+    Panel("Iteration seconds", "The learner's seconds per iteration (regenerate + train), against the "
+          "slowest explorer's: the longer one sets the pace.", "s",
+          (Query(f"{sel('solrl_iteration_seconds')}", "learner {{run}}"),
+           Query(f"{sel('solrl_explore_seconds')}", "slowest explorer {{run}}"))),
     Panel("Policy version and lag", "The learner's newest policy version, each explorer's engine version, and the "
           "largest lag of a trained group (async mode).", "short",
           (Query(f"{sel('solrl_policy_version')}", "learner {{run}}"),
@@ -115,10 +123,14 @@ PANELS = (
            Query(f"sum by (run) (increase({sel('solrl_explorer_deaths')}[$__range]))", "explorer deaths {{run}}"),
            Query(f"sum by (run) (increase({sel('solrl_dropped_groups')}[$__range]))",
                  "stale groups dropped {{run}}")), kind="stat"),
-    Panel("Reward scorers", "Scoring requests per second and images in the latest batch of each scorer actor "
-          "(cluster.scorers.count > 0).", "short",
+    Panel("Reward scorers", "Per scorer actor (cluster.scorers.count > 0): requests and images scored per "
+          "second, and images per scored batch (requests merged up to cluster.scorers.max_batch).", "short",
           (Query(f"sum by (run, scorer) (rate({sel('solrl_scorer_requests')}[{RATE}]))", "requests/s {{scorer}}"),
-           Query(f"{sel('solrl_scorer_batch_images')}", "batch images {{scorer}}"))),
+           Query(f"sum by (run, scorer) (rate({sel('solrl_scorer_images')}[{RATE}]))", "images/s {{scorer}}"),
+           Query(f"sum by (run, scorer) (rate({sel('solrl_scorer_images')}[{RATE}])) / sum by (run, scorer) "
+                 f"(rate({sel('solrl_scorer_batches')}[{RATE}]))", "images per batch {{scorer}}"))),
+    Panel("Scorer utilisation", "Share of wall time each scorer actor spent scoring.", "percentunit",
+          (Query(f"sum by (run, scorer) (rate({sel('solrl_scorer_busy_seconds')}[{RATE}]))", "scoring {{scorer}}"),)),
 )
 
 
@@ -142,15 +154,13 @@ def _panel_json(panel: Panel, pid: int, x: int, y: int, height: int) -> dict:
 
 def build_dashboard() -> dict:
     """The dashboard JSON (Grafana schema 39): two panels a row, stat panels short."""
-    panels, x, y = [], 0, 0
+    panels, x, y, row_height = [], 0, 0, 0
     for pid, panel in enumerate(PANELS, start=1):
         height = 5 if panel.kind == "stat" else 8
-        if x + panel.width > 24:
-            x, y = 0, y + 8
+        if x + panel.width > 24:  # the next row starts below the row's tallest panel
+            x, y, row_height = 0, y + row_height, 0
         panels.append(_panel_json(panel, pid, x, y, height))
-        x += panel.width
-        if x >= 24:
-            x, y = 0, y + height
+        x, row_height = x + panel.width, max(row_height, height)
     run_query = f"label_values({series('solrl_policy_version')}, run)"
     return {
         "uid": UID, "title": "Sol-RL job", "tags": ["solrl", "ray"], "schemaVersion": 39, "version": 1,
@@ -186,13 +196,34 @@ def render_json() -> str:
     return json.dumps(build_dashboard(), indent=2, ensure_ascii=False) + "\n"
 
 
+def metrics_table() -> str:
+    """docs/monitoring.md's table of every exported series."""
+    lines = ["| series | type | unit | labels (besides Ray's) | what it is |", "|---|---|---|---|---|"]
+    for m in METRICS:
+        lines.append(f"| `{m.series}` | {m.kind} | {UNITS[m.unit] or 'value'} | {', '.join(m.tags)} | "
+                     f"{m.description} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table() -> str:
+    """docs/monitoring.md's table of the dashboard's panels."""
     lines = ["| panel | unit | queries | what it shows |", "|---|---|---|---|"]
     for p in PANELS:
         exprs = "<br>".join(f"`{q.expr}`" for q in p.queries)
         lines.append(f"| {p.title} | {UNITS[p.unit] or 'value'} | {exprs} | "
                      f"{p.description} |")
     return "\n".join(lines) + "\n"
+
+
+def splice_tables(doc: str) -> str:
+    """`doc` with the text between `<!-- metrics:begin/end -->` and `<!-- panels:begin/end -->` regenerated."""
+    for section, table in (("metrics", metrics_table), ("panels", markdown_table)):
+        begin, end = f"<!-- {section}:begin -->\n", f"<!-- {section}:end -->"
+        if begin not in doc or end not in doc:
+            raise ValueError(f"the monitoring doc has lost its {begin.strip()} … {end} markers")
+        head, rest = doc.split(begin, 1)
+        doc = head + begin + table() + end + rest.split(end, 1)[1]
+    return doc
 
 
 def grafana_dashboards_dir(session_dir: str | Path) -> Path:
@@ -219,11 +250,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--markdown", action="store_true", help="print the panel table instead")
     args = parser.parse_args(argv)
     if args.markdown:
-        print(markdown_table(), end="")
+        print(metrics_table(), markdown_table(), sep="\n", end="")
         return
     DASHBOARD_FILE.parent.mkdir(parents=True, exist_ok=True)
     DASHBOARD_FILE.write_text(render_json())
     print(f"wrote {DASHBOARD_FILE} ({len(PANELS)} panels, {len(queries(build_dashboard()))} queries)")
+    if MONITORING_DOC.is_file():
+        MONITORING_DOC.write_text(splice_tables(MONITORING_DOC.read_text()))
+        print(f"rewrote the metric and panel tables of {MONITORING_DOC}")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
         job, history = driver.run(cfg, str(tmp_path / "metrics"), log=lambda _: None, on_start=arm)
         named = {n: ray.get(ray.get_actor(n, namespace=job.namespace).__ray_call__.remote(repr))
                  for n in ("solrl-learner-0", "solrl-explorer-0", "solrl-scorer-0")}
+        # the run is over: the scorer's own record of what it scored is final
+        batches = ray.get(ray.get_actor("solrl-scorer-0", namespace=job.namespace).batch_sizes.remote())
         port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
         wanted = {"ray_solrl_policy_version": ITERATIONS,
                   "ray_solrl_explored_candidates_total": ITERATIONS * PROMPTS * CANDIDATES,
@@ -62,7 +64,7 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
         while time.time() < deadline:  # metrics reach the endpoint every few seconds
             values, labels = scrape(port)
             if all(values.get(k) == v for k, v in wanted.items()) and "ray_solrl_weight_syncs_total" in values \
-                    and "ray_solrl_scorer_reward" in values:
+                    and values.get("ray_solrl_scorer_images_total") == sum(batches):
                 break
             time.sleep(2)
         driver.stop(job)  # after scraping: the learner's gauges leave with its process
@@ -89,6 +91,10 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
     assert all(s["run"] == run for series in labels.values() for s in series)
     assert {s["explorer"] for s in labels["ray_solrl_explored_candidates_total"]} == {"0"}
     assert {s["scorer"] for s in labels["ray_solrl_scorer_requests_total"]} == {"0"}
+    # the scorer's counters agree with its own record of the batches it scored
+    assert values["ray_solrl_scorer_batches_total"] == len(batches) > 0
+    assert values["ray_solrl_scorer_images_total"] == sum(batches)
+    assert values["ray_solrl_scorer_requests_total"] >= len(batches)
     assert all(name == shown for name, shown in named.items()), named  # the name is also its repr (log prefix)
     # the Grafana dashboard queries only series this run exported
     for expr in queries(build_dashboard()):
