@@ -144,8 +144,9 @@ class LearnerMetrics:
         self.last_eval: dict[str, Any] = {}
 
     def record(self, values: dict[str, Any]) -> None:
-        """Every gauge is set again on every record: Ray 2.60 stops exporting a gauge that is not, so the
-        held-out values of the last evaluation are repeated until the next one (every eval.every)."""
+        """Every gauge is set again on every record: Ray 2.60 drops a gauge two report intervals (20 s by
+        default) after its last set, so the held-out values of the last evaluation are repeated until the
+        next one (every eval.every)."""
         if "iteration" in values:
             self.done.set(float(values["iteration"] + 1))
         fresh = {k: v for k, v in values.items() if k.startswith("eval_")}
