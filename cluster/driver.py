@@ -309,9 +309,9 @@ def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str
         + (f", {len(job.scorers)} scorer(s)" if job.scorers else "") + f" (Ray namespace {job.namespace})")
     status = on_learners(job.learners, "start")[0]
     ray.get([e.pid.remote() for e in job.explorers])
-    log(f"actors ready in {time.perf_counter() - tick:.0f} s: solrl-learner-0..{len(job.learners) - 1}, "
-        f"solrl-explorer-0..{len(job.explorers) - 1}" + (f", solrl-scorer-0..{len(job.scorers) - 1}" if job.scorers
-                                                         else ""))
+    actors = {"learner": job.learners, "explorer": job.explorers, "scorer": job.scorers or []}
+    log(f"actors ready in {time.perf_counter() - tick:.0f} s: " + ", ".join(
+        f"{actor_name(role, 0)}..{len(handles) - 1}" for role, handles in actors.items() if handles))
     on_learners(job.learners, "publish")  # the (resumed) sampling policy, before anything is explored
     if on_start is not None:
         on_start(job, status)

@@ -72,6 +72,9 @@ def test_a_clean_local_run_removes_its_ray_folder_and_prints_where_it_is(tmp_pat
     assert run.returncode == 0, out[-3000:]
     assert out.count(f"run directory: {tmp_path / 'run'}") == 2
     assert "held-out reward " in out and "accuracy" not in out.split("held-out reward ")[-1].splitlines()[0]
+    # the driver names what it started, as the dashboard shows it, and the iteration line its progress
+    assert ": solrl-learner-0..0, solrl-explorer-0..0, solrl-scorer-0..0" in out, out[-3000:]
+    assert "iteration 1/1 (100%)" in out and "elapsed, done" in out
     assert ray_folders() <= before  # its own Ray folder is gone (others' are not ours to judge)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["iterations"] == 1 and summary["samples"] == str(tmp_path / "run" / "samples.png")
