@@ -29,5 +29,11 @@ def run_label(run_dir: str | None, run_name: str) -> str:
     return Path(run_dir).name if run_dir else run_name
 
 
+def job_name(run: str) -> str:
+    """The Ray job's name (the dashboard's Name column; `job_name` in the job's metadata); a submission id
+    starts with it: `<job name>-<anything unique>`."""
+    return f"solrl-{run}"
+
+
 def job_namespace(run: str, tag: str) -> str:
-    return f"solrl-{re.sub(r'[^A-Za-z0-9_.-]', '_', run)}-{tag}"
+    return f"{job_name(re.sub(r'[^A-Za-z0-9_.-]', '_', run))}-{tag}"

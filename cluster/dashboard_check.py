@@ -39,6 +39,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from actors.identity import job_name, run_label
 from cluster.config import load_config
 from cluster.grafana import PANELS, install_dashboard, metric_names, promql
 from cluster.local_ray import LocalRay
@@ -185,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = out / "embedded"
     # as docs/monitoring.md advises: the submission id and the job's name (the dashboard's Name column) say
     # which run it is, the metadata holds its directory
-    job_name = f"solrl-{run_dir.name}"  # what a local launch names its driver job (cluster.launch.connect)
-    submission_id = f"{job_name}-{secrets.token_hex(3)}"
+    name = job_name(run_label(str(run_dir), ""))  # as a local launch names its driver job
+    submission_id = f"{name}-{secrets.token_hex(3)}"
     entrypoint = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "cluster.launch", "--config", CONFIG,
                                                    "--run-dir", str(run_dir), *(x for v in sets for x in ("--set", v))])
 
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         install_dashboard(ray._private.worker.global_worker.node.get_session_dir_path())
         client = JobSubmissionClient(base)
         client.submit_job(entrypoint=f"cd {shlex.quote(str(REPO))} && {entrypoint}", submission_id=submission_id,
-                          metadata={"job_name": job_name, "run_dir": str(run_dir)},
+                          metadata={"job_name": name, "run_dir": str(run_dir)},
                           runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}})
         print(f"submitted {submission_id}: {entrypoint}")
         discovery = local.folder / "prom_metrics_service_discovery.json"
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
               "actors page names the weight-sync service": "solrl-weight-sync-" in actors_text,
               "actors page shows them alive": "ALIVE" in actors_text,
               f"jobs page shows the submission id {submission_id}": submission_id in jobs_text,
-              f"jobs page shows the job's name {job_name}": job_name in jobs_text.replace(submission_id, ""),
+              f"jobs page shows the job's name {name}": name in jobs_text.replace(submission_id, ""),
               "every dashboard query returns a series": all(r["series"] > 0 for r in rows),
               "the job succeeded": status == JobStatus.SUCCEEDED,
               "the run's summary names the job": summary.get("ray_job") == submission_id}

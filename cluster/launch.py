@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from actors.identity import job_name, run_label
 from cluster.check import format_rows, run_checks
 from cluster.config import ConfigError, SolRLConfig, load_config
 from cluster.local_ray import LocalRay, reap_orphans
@@ -140,7 +141,8 @@ def connect(config: SolRLConfig, run_dir: Path) -> LocalRay | None:
         ray.init(address=address, log_to_driver=True)
         return None
     c = config.cluster  # logical resources: every bundle fits, whatever this machine has (scorers included)
-    metadata = {"job_name": f"solrl-{run_dir.name}", "run_name": config.run.name, "run_dir": str(run_dir)}
+    metadata = {"job_name": job_name(run_label(str(run_dir), config.run.name)), "run_name": config.run.name,
+                "run_dir": str(run_dir)}
     return LocalRay.start(num_cpus=max(2, math.ceil(c.total("CPU"))), num_gpus=math.ceil(c.total("GPU")),
                           runtime_env=env, dashboard_host="127.0.0.1", log_to_driver=True,
                           job_config=JobConfig(metadata=metadata))
