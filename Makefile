@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH := torch==2.14.1 torchvision==0.29.1
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
@@ -12,13 +13,14 @@ export PYTHONUNBUFFERED := 1
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, alone: the CPU build on this machine's disk; nothing after may replace it.
-	$(PY) -m pip install -q torch==2.13.0
+	# torch and torchvision first, together: a matched pair of builds (CUDA builds, which also run on a CPU),
+	# so torchvision's compiled operators load beside torch in every process; nothing after may replace them.
+	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	# ImageReward's BLIP definition only: its metadata pins timm 0.6 and pulls datasets and a CLIP
 	# from git, none of which the project uses (rewards/image_reward.py loads just the BLIP files).
 	$(PY) -m pip install -q --no-deps image-reward==1.5
-	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	$(PY) -c "import torch, torchvision; assert (torch.__version__.split('+')[0], torchvision.__version__.split('+')[0]) == ('2.14.1', '0.29.1'), (torch.__version__, torchvision.__version__)"
 	touch $(STAMP)
 
 # The embedded Sol-RL job on a local Ray: explorer + learner actors, weight sync, dashboard metrics.

@@ -12,7 +12,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 
-import diffusion  # noqa: F401  (first: it makes torchvision importable for every test module)
 
 torch.set_num_threads(2)
 
