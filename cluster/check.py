@@ -4,15 +4,17 @@
 
 Checks, each a row of the printed table (exit 1 when any fails, 2 on a config error):
 
-- inputs: prompt files, reward options, the model folder (every missing or unreadable file named, with
-  the fix: `cluster.preflight.check_inputs`);
+- inputs: prompt files (each prompt one the reward can score), reward options, the model folder (every
+  missing or unreadable file named, with the fix: `cluster.preflight.check_inputs`);
 - resources: the placement bundles (learner ranks + explorers + scorers) against the Ray cluster's
   (`cluster.address` / RAY_ADDRESS), or, for a private local Ray, against this machine's GPUs;
 - backend: the explore backend this hardware allows for the precision (TE FP4 on Blackwell, modelopt on
   other CUDA GPUs, the project's on CPU);
 - plan: the engine's layer plan on the real architecture (built on the meta device from the folder's
   transformer config): how many Linears / 1×1 convs and parameters run in low precision;
-- memory: an estimate per actor (formulas in `estimate_memory`).
+- memory: an estimate per actor (formulas in `estimate_memory`);
+- shm: the learner's weight-sync region (two slots of the snapshot, `snapshot_estimate`) against the free
+  space of /dev/shm — a warning when short, as the service then uses Ray's object store.
 
 `python -m cluster.launch` runs the same checks before it starts anything.
 """
@@ -139,6 +141,13 @@ def plan_row(config: SolRLConfig, model: nn.Module, family) -> Row:
                detail + "; nothing would run in low precision: lower explore.min_dim or shorten explore.skip")
 
 
+def lora_layers(config: SolRLConfig, model: nn.Module, family) -> list[tuple[str, nn.Linear]]:
+    """The Linears the LoRA adapters go on: `training.lora_targets`, else the family's."""
+    targets = tuple(config.training.lora_targets or family.lora_targets)
+    return [(name, m) for name, m in model.named_modules()
+            if type(m) is nn.Linear and any(name.endswith(t) for t in targets)]
+
+
 def estimate_memory(config: SolRLConfig, model: nn.Module, family, params: dict[str, int]) -> dict[str, float]:
     """GiB per actor: weights, adapters and optimizer, activations. The formulas (estimates, not measurements):
 
@@ -166,9 +175,8 @@ def estimate_memory(config: SolRLConfig, model: nn.Module, family, params: dict[
     vae = params.get("vae", 0)
     offload = getattr(config.model, "offload_text_encoders", False)
     checkpointing = getattr(config.training, "gradient_checkpointing", False)
-    targets = tuple(config.training.lora_targets or family.lora_targets)
-    lora = sum(m.in_features * config.training.lora_rank + m.out_features * config.training.lora_rank
-               for name, m in model.named_modules() if type(m) is nn.Linear and any(name.endswith(t) for t in targets))
+    lora = sum((m.in_features + m.out_features) * config.training.lora_rank
+               for _, m in lora_layers(config, model, family))
     training = 7 * 4 * lora if config.training.mode == "lora" else transformer * (4 * dtype_bytes + 8)
     batch = config.learner.micro_batch
     per_block = 34 * s * batch * width
@@ -201,6 +209,70 @@ def memory_row(config: SolRLConfig, model: nn.Module, family, params: dict[str, 
                f"{reward_weights_gib(config):.2f} GiB of weights on {where}")
 
 
+def snapshot_estimate(config: SolRLConfig, model: nn.Module, family) -> tuple[str, int]:
+    """The weight-sync codec and the bytes one snapshot takes in a shared-memory slot (`weight_sync.shm.slot_bytes`)
+    — what the learner publishes, θ_old as the transformer's state dict (`Trainer.sampling_weights`) — from the
+    meta-device transformer: dense, every tensor in the run's dtype; nvfp4, the layer plan's weights packed at
+    4.5 bits per element (codes two per byte, one E4M3 scale per 16) plus an FP32 scale; lora, the adapters alone
+    in fp32. An estimate: a backend may leave out some layers of the plan (TE: dims not multiples of 16)."""
+    from actors.learner import codec_for
+    from diffusion.explore import ExplorePlan
+    from diffusion.quant import NVFP4_WEIGHT_PRECISIONS, eligible_layers
+    from weight_sync.codecs import Entry, Manifest
+    from weight_sync.shm import slot_bytes
+
+    quant, precision = family.quant, config.explore.precision
+    quantized: tuple[str, ...] = ()
+    if precision in NVFP4_WEIGHT_PRECISIONS:
+        layers = eligible_layers(model, skip=tuple(quant.skip if config.explore.skip is None else config.explore.skip),
+                                 min_dim=quant.min_dim if config.explore.min_dim is None else config.explore.min_dim,
+                                 conv1x1=quant.conv1x1)
+        quantized = tuple(f"{name}.weight" for name in (*layers.linears, *layers.convs))
+    plan = ExplorePlan(precision, config.explore.backend, (), (), quantized)
+    codec = codec_for(plan, config.cluster.codec)
+    on_gpu = config.model.device != "cpu" and config.cluster.learner.num_gpus > 0 and \
+        bool(config.cluster.address or os.environ.get("RAY_ADDRESS") or torch.cuda.is_available())
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+        config.model.dtype, torch.bfloat16 if on_gpu else torch.float32)  # auto: as `load_policy_from_config`
+    if codec == "lora":
+        rank = config.training.lora_rank
+        tensors = {f"{name}.lora_{part}.weight": (shape, torch.float32)
+                   for name, m in lora_layers(config, model, family)
+                   for part, shape in (("A", (rank, m.in_features)), ("B", (m.out_features, rank)))}
+    else:
+        tensors = {name: (tuple(t.shape), dtype if t.is_floating_point() else t.dtype)
+                   for name, t in model.state_dict().items()}
+    payload, arrays, entries = 0, 0, []
+    for name, (shape, kind) in tensors.items():
+        numel = math.prod(shape)
+        packed = codec == "nvfp4" and name in quantized
+        payload += numel // 2 + numel // 16 + 4 if packed else numel * kind.itemsize
+        arrays += 3 if packed else 1
+        entries.append(Entry(name, shape, str(kind).removeprefix("torch."), "nvfp4" if packed else "dense", "0" * 8))
+    manifest = Manifest(0, codec, tuple(entries), {"lora_scale": 0.0} if codec == "lora" else {})
+    return codec, slot_bytes(payload, arrays, len(json.dumps(manifest.to_json())))
+
+
+def shm_row(config: SolRLConfig, model: nn.Module, family, free: int | None = None) -> Row:
+    """The learner's shared-memory region against the room in /dev/shm (`free`: its free bytes; None: statvfs).
+    A warning, not a failure, when short: the service then sends snapshots through the object store."""
+    from weight_sync.shm import SHM_FOLDER, region_bytes, region_shortfall, shm_free_bytes, size_text
+
+    codec, nbytes = snapshot_estimate(config, model, family)
+    free = shm_free_bytes() if free is None else free
+    detail = f"weight-sync region {size_text(region_bytes(nbytes))} (2 slots for {codec} snapshots of " \
+             f"{size_text(nbytes)})"
+    if config.cluster.address or os.environ.get("RAY_ADDRESS"):
+        return Row("shm", True, f"{detail} in {SHM_FOLDER} of the learner's node (checked there: short of room, "
+                   "it sends them through the object store)")
+    problem = region_shortfall(nbytes, free)
+    if problem is not None:
+        return Row("shm", None, problem)
+    if free is None:
+        return Row("shm", True, f"{detail}; no {SHM_FOLDER} here to check")
+    return Row("shm", True, f"{detail}; {SHM_FOLDER} has {size_text(free)} free")
+
+
 def run_checks(config: SolRLConfig) -> list[Row]:
     """Every row; the model-dependent ones only once the inputs check passes."""
     from diffusion.families import family_for_transformer
@@ -209,13 +281,16 @@ def run_checks(config: SolRLConfig) -> list[Row]:
         notes = check_inputs(config)
     except ConfigError as exc:
         return [Row("inputs", False, str(exc)), resources_row(config), backend_row(config)]
-    rows = [Row("inputs", True, "prompts, reward, model folder" + (f" ({'; '.join(notes)})" if notes else ""))]
+    scored = ", ".join(config.reward.weights)
+    rows = [Row("inputs", True, f"prompts (each one scorable by {scored}), reward, model folder"
+                + (f" ({'; '.join(notes)})" if notes else ""))]
     rows += [resources_row(config), backend_row(config)]
     folder = config.model.folder()
     model = meta_transformer(folder)
     family = family_for_transformer(type(model).__name__)
     params = stored_parameters(folder)
-    rows += [plan_row(config, model, family), memory_row(config, model, family, params)]
+    rows += [plan_row(config, model, family), memory_row(config, model, family, params),
+             shm_row(config, model, family)]
     return rows
 
 

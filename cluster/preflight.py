@@ -1,5 +1,8 @@
 """Checks of the user's inputs (files, folders, cross-field rules) that run before Ray starts.
 
+Prompt sets are checked against the rewards that will score them (`Reward.check_prompts`): a digit reward
+needs a digit named in each prompt, ocr a quoted text, geneval each prompt's metadata.
+
 Each would otherwise surface 20–50 s later inside an actor, at the bottom of an ActorDiedError. Only
 safetensors headers and small text files are read here, never weights, so a multi-GB model folder
 costs about as much to check as importing diffusers and transformers (to look its classes up).
@@ -12,20 +15,35 @@ from pathlib import Path
 
 from cluster.config import ConfigError, SolRLConfig, check_cross_fields, one_line
 from diffusion.loading import check_model_folder, check_safetensors
-from diffusion.prompts import load_prompts
+from diffusion.prompts import PromptSet, load_prompt_set
 from learner.experiment_log import missing_extras
 from rewards.base import missing_files, reward_class
 
 
-def _check_prompts(config: SolRLConfig) -> None:
-    prompts = config.prompts
-    for field, source in (("prompts.source", prompts.source), ("prompts.eval_source", prompts.eval_source)):
-        if source == "embedded":
-            continue
+def _load_prompt_sets(config: SolRLConfig) -> dict[str, tuple[str, PromptSet]]:
+    """Each prompt set loads: field → (its source, the set), the training set and the held-out one."""
+    prompts, sets = config.prompts, {}
+    for field, source, heldout in (("prompts.source", prompts.source, False),
+                                   ("prompts.eval_source", prompts.eval_source, True)):
         try:
-            load_prompts(source)
+            sets[field] = source, load_prompt_set(source, heldout=heldout)
         except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
             raise ConfigError(one_line(f"{field}: {exc}")) from None
+    return sets
+
+
+def _check_scorable(config: SolRLConfig, sets: dict[str, tuple[str, PromptSet]]) -> None:
+    """Every configured reward can score each prompt set (`Reward.check_prompts`, on the texts and the
+    metadata the reward will be handed), embedded included. After the reward's own options and files:
+    a reward that cannot be built at all is the first thing to fix."""
+    for field, (source, prompt_set) in sets.items():
+        for name in config.reward.weights:
+            try:
+                reward_class(name).check_prompts(prompt_set.texts, prompt_set.metadata_of(prompt_set.texts))
+            except ValueError as exc:
+                raise ConfigError(one_line(
+                    f"{field}: the {name} reward cannot score the prompts of {source!r}: {exc}; give {field} a prompt "
+                    f"set it can score, or choose another reward (reward.weights)")) from None
 
 
 def _check_model(config: SolRLConfig) -> None:
@@ -103,11 +121,12 @@ def check_inputs(config: SolRLConfig) -> list[str]:
     return notes for the log (accepted but worth saying)."""
     # Validation already ran these, but a config built with model_copy(update=...) skipped them.
     check_cross_fields(config)
-    _check_prompts(config)
+    sets = _load_prompt_sets(config)
     missing = missing_extras(config.logging)  # W&B / TensorBoard asked for but not installed
     if missing:
         raise ConfigError(missing[0])
     notes: list[str] = []
     _check_reward(config, notes)
+    _check_scorable(config, sets)
     _check_model(config)  # last: the only check that may import diffusers and transformers
     return notes + _selection_notes(config)

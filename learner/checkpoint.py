@@ -19,7 +19,9 @@ raises `CorruptCheckpoint` with one line naming the file and the problem; when t
 checkpoint verifies, the line says so. Version-1 checkpoints (no checksums) are refused.
 
 The last two checkpoints are kept: ``<dir>`` and ``<dir>.previous``. Saving writes ``<dir>.tmp``
-(``meta.json`` last, itself renamed into place) and then rotates with renames only: an existing
+(``meta.json`` last, itself renamed into place) — a write the file system refuses (a full disk) removes
+``<dir>.tmp`` and raises `CheckpointWriteFailed`, one line naming the folder and the OS error, with
+``<dir>`` and ``<dir>.previous`` untouched — and then rotates with renames only: an existing
 ``<dir>.previous`` goes to ``<dir>.discard`` (deleted at the end), ``<dir>`` becomes
 ``<dir>.previous``, ``<dir>.tmp`` becomes ``<dir>``. A crash therefore never leaves a half-written
 ``<dir>``; if it falls between the last two renames, loading ``<dir>`` takes the complete ``<dir>.tmp``
@@ -30,11 +32,13 @@ Files are written with `learner.tensor_files.write_safetensors` (deterministic b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +50,16 @@ from learner.tensor_files import (
     check_finite,
     fsync_path,
     non_finite,
+    os_error_of,
     safetensors_metadata,
     write_safetensors,
 )
 from learner.training_state import TrainingState
 
 __all__ = [
-    "CorruptCheckpoint", "NonFiniteWeights", "check_finite", "load_checkpoint", "previous_checkpoint",
-    "safetensors_metadata", "save_checkpoint", "verify_checkpoint", "write_safetensors",
+    "CheckpointWriteFailed", "CorruptCheckpoint", "NonFiniteWeights", "check_finite", "load_checkpoint",
+    "previous_checkpoint", "safetensors_metadata", "save_checkpoint", "verify_checkpoint", "write_safetensors",
+    "written_into",
 ]
 
 FORMAT = "sol-rl-training-state"
@@ -66,6 +72,45 @@ FLOAT_FILES = (*FILES[:3], EMA_FILE)  # rng is uint8
 
 class CorruptCheckpoint(ValueError):
     """A checkpoint that must not be trusted; the message is one line naming the file and the problem."""
+
+
+class CheckpointWriteFailed(OSError):
+    """A checkpoint (or the run's final/ folder) the file system would not take: a full disk, a file size
+    limit, a read-only folder. Raised once the partial folder is removed; what was there before is intact.
+
+    The message is one line naming the folder, the OS error and what is kept, e.g. ``"could not write the
+    checkpoint runs/x/checkpoint: No space left on device (runs/x/checkpoint.tmp/theta.safetensors); removed
+    runs/x/checkpoint.tmp, the previous checkpoint runs/x/checkpoint (iteration 4) is intact"``. `folder`: the
+    folder that was to be written; `errno`: the OS error's."""
+
+    def __init__(self, message: str, folder: str | os.PathLike | None = None, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.folder = None if folder is None else Path(folder)
+        self.errno = errno
+
+    def __reduce__(self) -> tuple:  # pickled across Ray (a learner actor raises it): keep folder and errno
+        return type(self), (str(self), self.folder, self.errno)
+
+
+def _describe(error: OSError) -> str:
+    return f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
+
+
+@contextlib.contextmanager
+def written_into(tmp: Path, folder: Path, what: str, kept: str) -> Iterator[Path]:
+    """The writes of `what` (e.g. "the checkpoint") `folder` into its temporary sibling `tmp`, renamed into
+    place by the caller afterwards. On any failure `tmp` is removed; an OS error (a full disk, ...:
+    `os_error_of`) becomes `CheckpointWriteFailed` naming the folder, the error and `kept` (what is intact)."""
+    try:
+        yield tmp
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        error = os_error_of(exc, tmp)  # a SafetensorError of a library's own writer names no file: the folder
+        if error is None or isinstance(exc, CheckpointWriteFailed):
+            raise
+        raise CheckpointWriteFailed(
+            _one_line(f"could not write {what} {folder}: {_describe(error)}; removed {tmp}, {kept}"), folder,
+            error.errno) from exc
 
 
 def previous_checkpoint(dir: str | os.PathLike) -> Path:
@@ -134,15 +179,36 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
     for stale in (tmp, discard):
         if stale.exists():
             shutil.rmtree(stale)
-    tmp.mkdir(parents=True)
-    files = {}
-    for name, tensors in contents.items():
-        digest = write_safetensors(tmp / name, tensors, {"format": FORMAT}, fsync=True)
-        files[name] = {"sha256": digest, "bytes": (tmp / name).stat().st_size}
-    meta = {
+    with written_into(tmp, final, "the checkpoint", _kept_checkpoint(final)):
+        _write_folder(tmp, contents, _meta(state, theta, groups, optimizer_steps, iteration, extra))
+    if final.exists():
+        if previous.exists():
+            previous.rename(discard)
+        final.rename(previous)
+    tmp.rename(final)
+    fsync_path(final.parent)
+    if discard.exists():
+        shutil.rmtree(discard)
+    return final
+
+
+def _kept_checkpoint(final: Path) -> str:
+    """What a failed save leaves in use: the checkpoint `final` holds now (its iteration), if any."""
+    if not (final / "meta.json").is_file():
+        return "there is no earlier checkpoint"
+    try:
+        iteration = json.loads((final / "meta.json").read_text())["iteration"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"the previous checkpoint {final} is unchanged"
+    return f"the previous checkpoint {final} (iteration {iteration}) is intact"
+
+
+def _meta(state: TrainingState, theta: dict, groups: list, optimizer_steps: dict[str, float], iteration: int,
+          extra: dict) -> dict:
+    """meta.json's fields but the files' checksums (added by `_write_folder`)."""
+    return {
         "format": FORMAT,
         "version": VERSION,
-        "files": files,
         "mode": state.mode,
         "lora_rank": state.config.lora_rank if state.mode == "lora" else None,
         "lora_alpha": state.config.lora_alpha if state.mode == "lora" else None,
@@ -154,21 +220,22 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
         "iteration": int(iteration),
         "extra": extra,
     }
+
+
+def _write_folder(tmp: Path, contents: dict[str, dict[str, torch.Tensor]], meta: dict) -> None:
+    """Every file of a checkpoint into the new folder `tmp`, meta.json (with the files' checksums) last."""
+    tmp.mkdir(parents=True)
+    files = {}
+    for name, tensors in contents.items():
+        digest = write_safetensors(tmp / name, tensors, {"format": FORMAT}, fsync=True)
+        files[name] = {"sha256": digest, "bytes": (tmp / name).stat().st_size}
+    meta = {"format": meta["format"], "version": meta["version"], "files": files, **meta}  # meta.json's order
     # meta.json appears whole or not at all: its presence is what marks a folder complete.
     partial = tmp / "meta.json.partial"
     partial.write_text(json.dumps(meta, indent=1))
     fsync_path(partial)
     partial.rename(tmp / "meta.json")
     fsync_path(tmp)
-    if final.exists():
-        if previous.exists():
-            previous.rename(discard)
-        final.rename(previous)
-    tmp.rename(final)
-    fsync_path(final.parent)
-    if discard.exists():
-        shutil.rmtree(discard)
-    return final
 
 
 # ---- verifying ---------------------------------------------------------------------------------

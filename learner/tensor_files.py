@@ -1,5 +1,7 @@
 """Tensor files of the project: finite values checked before writing, safetensors with deterministic bytes.
 
+A write the disk refuses is an OSError (`os_error_of`: safetensors reports it only as text).
+
 Every safetensors file this project writes goes through `write_safetensors`: the library keeps the
 header's metadata in a hash map (its key order, hence the file's bytes, varies between calls), so
 the metadata is one key holding sorted JSON and identical tensors give identical bytes.
@@ -10,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 METADATA_KEY = "sol_rl"  # the one safetensors metadata key this project writes
@@ -51,6 +54,22 @@ def check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
         raise NonFiniteWeights(f"{what}: {problem}")
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' Rust I/O errors end: "... (os error 28)"
+
+
+def os_error_of(exc: BaseException, path: str | os.PathLike | None = None) -> OSError | None:
+    """The OS error behind a failed write: `exc` itself when it is one; for safetensors' `SafetensorError`
+    (it reports the I/O error only in its text, "I/O error: No space left on device (os error 28)") an
+    OSError with that errno and `path`; None for any other error."""
+    if isinstance(exc, OSError):
+        return exc
+    found = _OS_ERROR.search(str(exc)) if isinstance(exc, SafetensorError) else None
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), None if path is None else str(path))
+
+
 def _sha256(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -72,12 +91,18 @@ def write_safetensors(
 
     `metadata` (JSON-serialisable) is stored as sorted JSON under the single key ``"sol_rl"``: with
     several keys the library's hash map writes them in a varying order. Read it back with
-    `safetensors_metadata`.
+    `safetensors_metadata`. A write the file system refuses (a full disk) raises OSError naming `path`.
     """
     out = Path(path)
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     header = {METADATA_KEY: json.dumps(dict(metadata or {}), sort_keys=True, separators=(",", ":"))}
-    save_file(cpu, str(out), metadata=header)
+    try:
+        save_file(cpu, str(out), metadata=header)
+    except SafetensorError as exc:
+        error = os_error_of(exc, out)
+        if error is None:
+            raise
+        raise error from exc
     if fsync:
         fsync_path(out)
     return _sha256(out)

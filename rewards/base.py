@@ -14,7 +14,9 @@ and exposes `__call__` (scores only), `details` (diagnostics only) and `score_an
 (both from one forward pass).
 
 Rewards are registered under a name with `@register_reward("name")` and built with
-`build_reward("name", **options)`.
+`build_reward("name", **options)`. A reward that needs something of its prompts (a digit named, quoted
+text, GenEval metadata) says so in `check_prompts`, which the preflight runs on the whole prompt sets
+without building the reward.
 """
 
 from __future__ import annotations
@@ -111,6 +113,16 @@ class Reward(abc.ABC):
     ) -> dict[str, torch.Tensor]:
         """Extra per-sample diagnostics (name → float32 [B]), e.g. digit_alignment's `accuracy`."""
         return self.score_and_details(images, prompts, metadata)[1]
+
+    @classmethod
+    def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[Metadata]) -> None:
+        """ValueError naming the first prompt (its index) this reward cannot score, and what it needs.
+
+        Called on whole prompt sets (texts and their metadata) before any work starts, so a prompt set the
+        reward cannot read stops a job before its actors load; `_compute` applies the same rules.
+        The default accepts every prompt: most rewards read any text, and need no metadata.
+        """
+        return None
 
     @classmethod
     def required_files(cls, **options: Any) -> list[WeightFile]:

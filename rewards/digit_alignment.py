@@ -8,11 +8,11 @@ their log-probabilities (≈ −1e-3 vs −1e-5) still separate them — and on 
 distinguishing "unlikely" from "hopeless" instead of squashing both to ≈ 0.
 
 The prompted digit is read from the prompt's words (`digit_from_prompt`: exactly one of
-"zero".."nine"). Inputs of any size are resized to 16×16 with bilinear interpolation
-(antialiased, which matters only when shrinking); 3-channel inputs are converted to grey by
-averaging the channels. `details` reports per sample `accuracy` (1.0 where the classifier's
-argmax equals the prompted digit), `predicted_digit` and `prob` (the probability of the prompted
-digit).
+"zero".."nine"); `check_prompts` applies that rule to a whole prompt set before a job starts.
+Inputs of any size are resized to 16×16 with bilinear interpolation (antialiased, which matters
+only when shrinking); 3-channel inputs are converted to grey by averaging the channels.
+`details` reports per sample `accuracy` (1.0 where the classifier's argmax equals the prompted
+digit), `predicted_digit` and `prob` (the probability of the prompted digit).
 """
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ class DigitAlignment(Reward):
         self.classifier = load_classifier(path, device=device)
         self.device = torch.device(device)
         self.batch_size = batch_size
+
+    @classmethod
+    def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[Metadata]) -> None:
+        """Every prompt must name exactly one digit in words (`prompted_digits`, as `_compute` reads it)."""
+        try:
+            prompted_digits(prompts)
+        except ValueError as error:
+            raise ValueError(f"{error} (the embedded prompt sets, 'embedded', name one each)") from None
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
         """Float32 grey [B, 1, 16, 16] in [0, 1] on the classifier's device."""

@@ -9,7 +9,8 @@ written by `prompts/create_prompts.py`; `prompt` is handed to the reward separat
      "exclude": [...]}                     # only the counting prompts have one: {"class", "count": N + 1}
 
 tags: single_object, two_object, counting, colors, position, color_attr; an include entry may
-carry `color` (one of COLORS) and `position` ([relation, index of an earlier include entry]).
+carry `color` (one of COLORS) and `position` ([relation, index of an earlier include entry]). A
+prompt set without this metadata (a text file) is refused before a job starts (`check_prompts`).
 
 This module implements the rules as pure functions over detections, and the reward over any
 `Detector` (images → detections, each with its class, confidence, box and, where the metadata asks
@@ -334,6 +335,15 @@ def check_metadata(metadata: Metadata) -> None:
                 raise ValueError(f"GenEval {key} entry {index}: colour {entry['color']!r} is not one of {COLORS}")
 
 
+def check_metadatas(metadata: Sequence[Metadata]) -> None:
+    """`check_metadata` of every prompt's metadata; the ValueError names the first bad prompt's index."""
+    for index, entry in enumerate(metadata):
+        try:
+            check_metadata(entry)
+        except (TypeError, ValueError) as error:  # TypeError: a count or entry list of the wrong type
+            raise ValueError(f"prompt {index}: {error}") from None
+
+
 def judge(
     detections: Sequence[Detection],
     metadata: Metadata,
@@ -410,12 +420,14 @@ class GenEval(Reward):
         declare = getattr(factory, "required_files", None)
         return list(declare(**dict(options.get("detector_options") or {}))) if declare else []
 
+    @classmethod
+    def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[Metadata]) -> None:
+        """Every prompt needs GenEval metadata (`check_metadata`), as `verdicts` reads it: a text prompt set
+        has none."""
+        check_metadatas(metadata)
+
     def verdicts(self, images: torch.Tensor, metadata: Sequence[Metadata]) -> list[Verdict]:
-        for index, entry in enumerate(metadata):
-            try:
-                check_metadata(entry)
-            except ValueError as error:
-                raise ValueError(f"prompt {index}: {error}") from None
+        check_metadatas(metadata)
         detections = self.detector(images, metadata)
         if len(detections) != len(metadata):
             raise RuntimeError(f"the detector returned {len(detections)} detection lists for {len(metadata)} images")

@@ -18,7 +18,8 @@ arrays first. Per image:
 
 Edge cases, decided here (the official code crashes on them): a prompt with no `"` raises
 ValueError naming the prompt (the official `split('"')[1]` raises IndexError), and so does a
-quoted text that is empty after normalisation (the official code divides by zero). The official
+quoted text that is empty after normalisation (the official code divides by zero); `check_prompts`
+applies both rules to a whole prompt set before a job starts. The official
 code also catches any OCR failure and scores it 0; here such errors propagate instead.
 
 The OCR engine is RapidOCR (`rapidocr_onnxruntime`): the PaddleOCR PP-OCRv4 detector and
@@ -81,6 +82,22 @@ def quoted_text(prompt: str) -> str:
     if len(parts) < 2:
         raise ValueError(f"the ocr reward needs the target text in double quotes in the prompt, got {prompt!r}")
     return parts[1]
+
+
+def ocr_targets(prompts: Sequence[str]) -> list[str]:
+    """The quoted target text of every prompt; ValueError naming the first prompt (its index) without one,
+    or whose quoted text is empty once spaces are removed."""
+    found = []
+    for i, prompt in enumerate(prompts):
+        try:
+            target = quoted_text(prompt)
+        except ValueError as error:
+            raise ValueError(f"prompt {i}: {error}") from None
+        if not normalise(target):
+            raise ValueError(f"prompt {i}: the quoted text {target!r} is empty once spaces are removed: "
+                             f"nothing to read in {prompt!r}")
+        found.append(target)
+    return found
 
 
 def normalise(text: str) -> str:
@@ -246,21 +263,16 @@ class OcrReward(Reward):
             return ""
         return "".join(entry[1] for entry in result)  # entries: [box, text, confidence]
 
+    @classmethod
+    def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[Metadata]) -> None:
+        """Every prompt must quote a non-empty target text (`ocr_targets`, as `_compute` reads them)."""
+        ocr_targets(prompts)
+
     def _compute(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Metadata]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        targets = []
-        for i, prompt in enumerate(prompts):
-            try:
-                target = quoted_text(prompt)
-            except ValueError as error:
-                raise ValueError(f"prompt {i}: {error}") from None
-            if not normalise(target):
-                raise ValueError(f"prompt {i}: the quoted text {target!r} is empty once spaces are removed: "
-                                 f"nothing to read in {prompt!r}")
-            targets.append(target)
         distances, target_lengths, recognised_lengths = [], [], []
-        for image, target in zip(images, targets, strict=True):
+        for image, target in zip(images, ocr_targets(prompts), strict=True):
             recognised = self.recognise(image)
             distances.append(ocr_distance(target, recognised))
             target_lengths.append(len(normalise(target)))

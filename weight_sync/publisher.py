@@ -12,7 +12,7 @@ import ray
 import torch
 
 from weight_sync.codecs import Codec, encode, payload_bytes
-from weight_sync.shm import Region
+from weight_sync.shm import Region, slot_bytes
 
 
 class WeightPublisher:
@@ -27,7 +27,8 @@ class WeightPublisher:
     `shm` (default on): the service of this process's own node gets the snapshot through its shared-memory
     region instead — written once here, mapped by the node's readers (`weight_sync.shm`); the services of
     other nodes still take it through the object store. Checksums then guard against bugs and weakly
-    ordered CPUs; the region's sequence check already rejects torn reads.
+    ordered CPUs; the region's sequence check already rejects torn reads. When that service cannot make
+    a region (too little room in /dev/shm: it warns), its node is sent snapshots through the object store.
 
     A node that leaves the cluster takes its service with it (pinned there, it cannot restart elsewhere):
     Ray then answers every call to it with `ActorUnschedulableError`, and the publisher drops that node
@@ -66,29 +67,36 @@ class WeightPublisher:
                                   checksums=self.checksums)
         self.version, self._manifest, self._arrays = version, manifest.to_json(), arrays
         encoded = time.perf_counter()
-        refs = {node: self._send(service) for node, service in self.services.items() if node != self.local}
-        if self.local is not None:
-            self._write_local()
+        local = self.local
+        refs = {node: self._send(service) for node, service in self.services.items() if node != local}
+        if local is not None and not self._write_local():
+            refs[local] = self._send(self.services[local])  # no region there: the object store
         self._results(refs)
         return {"encode_s": encoded - start, "publish_s": time.perf_counter() - encoded,
                 "bytes": float(payload_bytes(arrays))}
 
-    def _write_local(self, force: bool = False) -> None:
+    def _write_local(self, force: bool = False) -> bool:
         """Write the newest snapshot into this node's region (asking the service for it when there is
-        none, it is too small, or the service replaced it: restarted, grown, stopped)."""
+        none, it is too small, or the service replaced it: restarted, grown, stopped). False when the
+        service could not make one (no room in /dev/shm; it warned): from then on this node is sent its
+        snapshots through the object store, as the other nodes are."""
         assert self._manifest is not None and self._arrays is not None
-        need = payload_bytes(self._arrays) + 64 * len(self._arrays) + 2 * len(json.dumps(self._manifest)) + 2**16
+        need = slot_bytes(payload_bytes(self._arrays), len(self._arrays), len(json.dumps(self._manifest)))
         for _ in range(3):
             region = self._region
             if force or region is None or region.closed or region.capacity < need:
                 if region is not None:
                     region.close()
+                    self._region = None
                 name = ray.get(self.services[self.local].region.remote(need))
+                if name is None:
+                    self.local = None
+                    return False
                 region = self._region = Region.attach(name)
                 force = False
             region.write(self._manifest, self._arrays)
             if not region.closed:
-                return
+                return True
         raise RuntimeError("the weight-sync service kept replacing its shared-memory region")
 
     def snapshot(self, version: int) -> dict[str, np.ndarray]:
@@ -108,8 +116,9 @@ class WeightPublisher:
             return []
         versions = self._results({node: s.version.remote() for node, s in self.services.items()})
         behind = [node for node, v in versions.items() if v < self.version]
-        refs = {node: self._send(self.services[node]) for node in behind if node != self.local}
-        if self.local in behind:
-            self._write_local(force=True)  # a restarted service made a new region
+        local = self.local
+        refs = {node: self._send(self.services[node]) for node in behind if node != local}
+        if local in behind and not self._write_local(force=True):  # a restarted service made a new region
+            refs[local] = self._send(self.services[local])  # or could not: the object store
         self._results(refs)
         return behind

@@ -16,7 +16,10 @@ actor, so readers are served while a publish waits for its object.
 On the learner's own node the snapshot skips the object store: the service owns a two-slot shared-memory
 region (`weight_sync.shm`; `region(nbytes)` creates or grows it), the learner writes each snapshot into
 it once, and readers map it and verify a sequence number after reading. `latest`/`get` then answer a
-marker `{"shm": region name, "version": v}` instead of an object reference. The region is named after
+marker `{"shm": region name, "version": v}` instead of an object reference. A region /dev/shm has no room
+for (its free space is checked first, and the region's pages are reserved when it is made) is not made:
+`region` warns, naming /dev/shm and the sizes, and answers None, and the learner sends that node's
+snapshots through the object store like any other node's. The region is named after
 the job's tag and the node; it is unlinked by `stop()`, by `__del__`, by a detached watchdog process if the
 service process is killed (`weight_sync.shm.Watchdog`), and by a restarted service (stale regions of its
 tag and node).
@@ -27,21 +30,38 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
+import warnings
 from typing import Any
 
 import numpy as np
 import ray
 
 from weight_sync.codecs import Manifest
-from weight_sync.shm import Region, Watchdog, describe, region_prefix, remove_stale
+from weight_sync.shm import (
+    SHM_FOLDER,
+    Region,
+    Watchdog,
+    describe,
+    region_bytes,
+    region_prefix,
+    region_shortfall,
+    remove_stale,
+    shm_free_bytes,
+    slot_capacity,
+)
 
 
 class WeightSyncService:
-    def __init__(self, keep: int = 2, tag: str = "") -> None:
+    def __init__(self, keep: int = 2, tag: str = "", shm_limit: int | None = None) -> None:
+        """`shm_limit`: the most bytes of /dev/shm the region may take (None: as many as are free there)."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if shm_limit is not None and shm_limit < 0:
+            raise ValueError(f"shm_limit must be >= 0 bytes (or None: what /dev/shm has free), got {shm_limit}")
         self.keep = keep
         self.tag = tag
+        self.shm_limit = shm_limit
+        self.shm_unavailable: str | None = None  # why the region last asked for could not be made
         self.node = ray.get_runtime_context().get_node_id()
         self._snapshots: dict[int, tuple[dict, ray.ObjectRef]] = {}
         self._lock = threading.Lock()
@@ -53,21 +73,42 @@ class WeightSyncService:
         return service_name(getattr(self, "node", "starting"))
 
     # -- the shared-memory path (readers on this node) ---------------------------------------------
-    def region(self, nbytes: int) -> str:
+    def region(self, nbytes: int) -> str | None:
         """The name of this node's region, created or grown so a slot holds `nbytes` (plus headroom).
-        Growing replaces it: the old one is marked closed and unlinked; mappers re-ask for the name."""
+        Growing replaces it: the old one is marked closed and unlinked; mappers re-ask for the name.
+
+        None when it cannot be made — /dev/shm (or `shm_limit`) has too little room, or creating it failed —
+        after a warning naming /dev/shm and the sizes: the publisher then sends this node's snapshots
+        through the object store, and readers get object references."""
         with self._lock:
             if self._region is None or self._region.closed or self._region.capacity < nbytes:
-                old = self._region
+                problem = self._no_room(nbytes)
                 name = f"{region_prefix(self.tag, self.node)}{uuid.uuid4().hex[:8]}"
+                if problem is None:
+                    try:
+                        region = Region.create(name, slot_capacity(nbytes))
+                    except OSError as exc:  # ENOSPC from reserving its pages, or no POSIX shm at all
+                        problem = (f"creating the weight-sync region in {SHM_FOLDER} ({region_bytes(nbytes)} bytes) "
+                                   f"failed ({exc}): snapshots go through Ray's object store instead (slower)")
+                if problem is not None:
+                    self.shm_unavailable = problem
+                    warnings.warn(f"{service_name(self.node)}: {problem}", RuntimeWarning, stacklevel=2)
+                    return None
+                old, self._region, self.shm_unavailable = self._region, region, None
                 if self._watchdog is None:
                     self._watchdog = Watchdog()
-                self._region = Region.create(name, nbytes + nbytes // 8 + 2**16)
                 self._watchdog.tell("+", name)
                 if old is not None:
                     old.unlink()
                     self._watchdog.tell("-", old.name)
             return self._region.name
+
+    def _no_room(self, nbytes: int) -> str | None:
+        """Why a region for snapshots of `nbytes` does not fit (`region_shortfall`), counting `shm_limit`."""
+        free = shm_free_bytes()
+        if self.shm_limit is not None:
+            free = self.shm_limit if free is None else min(free, self.shm_limit)
+        return region_shortfall(nbytes, free)
 
     def _shm_versions(self) -> tuple[int, int]:
         return self._region.versions() if self._region is not None else (-1, -1)
@@ -145,19 +186,22 @@ class WeightSyncService:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return {"versions": sorted(self._snapshots), "node": self.node, "shm": describe(self._region)}
+            return {"versions": sorted(self._snapshots), "node": self.node, "shm": describe(self._region),
+                    "shm_unavailable": self.shm_unavailable}
 
 
 def service_name(node_id: str) -> str:
     return f"solrl-weight-sync-{node_id[:8]}"
 
 
-def start_services(keep: int = 2, tag: str = "", namespace: str | None = None) -> dict[str, Any]:
+def start_services(keep: int = 2, tag: str = "", namespace: str | None = None,
+                   shm_limit: int | None = None) -> dict[str, Any]:
     """One WeightSyncService per alive node, pinned to it (soft affinity would let it wander).
 
     `namespace` (default `solrl-<tag>`) makes the names private to one job: a job never picks up
     another's (or a crashed test's) service and its newer versions; `tag` also names its shared-memory
-    regions. Actors receive the handles; the names are for the dashboard."""
+    regions; `shm_limit` caps each region's bytes (None: /dev/shm's free space; 0: the object store only).
+    Actors receive the handles; the names are for the dashboard."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=16)(WeightSyncService)
@@ -172,7 +216,7 @@ def start_services(keep: int = 2, tag: str = "", namespace: str | None = None) -
             get_if_exists=True,
             lifetime=None,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(keep, tag)
+        ).remote(keep, tag, shm_limit)
     return handles
 
 

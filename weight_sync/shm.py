@@ -10,6 +10,12 @@ Region layout (one per node and job, created and unlinked by the node's WeightSy
                     per slot: version, manifest bytes, payload bytes
     slot 0, slot 1: manifest JSON (array offsets, shapes, dtypes), then each array 64-byte aligned
 
+Size: `region_bytes(n)` for snapshots of n bytes (`slot_bytes`): the header and two slots of n + n/8 each
+(`slot_capacity`). /dev/shm is a tmpfs that hands out pages only when they are written, so a region larger
+than its free space would be made and then kill its writer with SIGBUS: `region_shortfall` (the service, and
+the preflight) compares the size with the free space first, and `Region.create` reserves every page
+(posix_fallocate), which fails with ENOSPC instead.
+
 Protocol — a seqlock over two slots, one writer at a time (the learner):
 
     writer: seq ← base+1 (odd) · write the inactive slot · set its header words · active ← it · seq ← base+2
@@ -52,6 +58,7 @@ MAGIC = 0x534F4C52_4C575331  # "SOLRLWS1"
 HEADER = 4096
 ALIGN = 64
 PREFIX = "solrl_ws_"
+SHM_FOLDER = "/dev/shm"  # where Linux keeps POSIX shared memory (a tmpfs): the regions' room
 _MAGIC, _SEQ, _ACTIVE, _CLOSED, _CAPACITY = range(5)
 _VERSION, _MANIFEST, _PAYLOAD = 8, 10, 12  # + slot index
 
@@ -72,8 +79,55 @@ def _align(n: int) -> int:
 
 def _shm_names() -> list[str]:
     """Names of this host's POSIX shared-memory segments (Linux exposes them as files)."""
-    folder = "/dev/shm"
-    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    return sorted(os.listdir(SHM_FOLDER)) if os.path.isdir(SHM_FOLDER) else []
+
+
+# ---- how big a region is, and whether it fits --------------------------------------------------------
+def slot_bytes(payload: int, arrays: int, manifest: int) -> int:
+    """At most what one snapshot takes in a slot: `payload` bytes in `arrays` arrays (each 64-byte aligned)
+    after its layout JSON (the manifest's `manifest` characters, at most doubled by the arrays' offsets)."""
+    return payload + ALIGN * arrays + 2 * manifest + 2**16
+
+
+def slot_capacity(nbytes: int) -> int:
+    """The capacity a region's slot gets for snapshots of `nbytes`: an eighth more, so that a snapshot a
+    little larger does not replace the region, in whole pages."""
+    return -(-(nbytes + nbytes // 8 + 2**16) // 4096) * 4096
+
+
+def region_bytes(nbytes: int) -> int:
+    """The size in /dev/shm of the region made for snapshots of `nbytes`: the header and two slots."""
+    return HEADER + 2 * slot_capacity(nbytes)
+
+
+def shm_free_bytes(folder: str = SHM_FOLDER) -> int | None:
+    """Bytes free in `folder` for an unprivileged writer (statvfs); None where there is no such folder."""
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def size_text(n: int) -> str:
+    """Bytes as the largest unit that keeps one digit before the point (MiB, GiB: what tmpfs sizes are in)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def region_shortfall(nbytes: int, free: int | None) -> str | None:
+    """Why a region for snapshots of `nbytes` cannot be made when `free` bytes of /dev/shm are free; None
+    when it fits (or nobody knows: `free` None). Writing past a full /dev/shm kills the writer with SIGBUS,
+    so this is decided before the region is made."""
+    need = region_bytes(nbytes)
+    if free is None or need <= free:
+        return None
+    return (f"{SHM_FOLDER} has {size_text(free)} free, the weight-sync region needs {size_text(need)} (2 slots for "
+            f"snapshots of {size_text(nbytes)}): snapshots go through Ray's object store instead (slower); to use "
+            f"shared memory give {SHM_FOLDER} {size_text(need - free)} more room (docker run "
+            f"--shm-size={-(-need // 2**30)}g or more; else mount -o remount,size=<larger> {SHM_FOLDER})")
 
 
 _OWNED: set[str] = set()  # regions this process created: attaching to them must keep them tracked
@@ -171,8 +225,17 @@ class Region:
 
     @classmethod
     def create(cls, name: str, capacity: int) -> Region:
+        """A new region of two slots of `capacity` bytes (in whole pages), its pages reserved up front:
+        OSError (ENOSPC) here when /dev/shm cannot hold it, rather than SIGBUS in a writer later."""
         capacity = -(-capacity // 4096) * 4096
         shm = shared_memory.SharedMemory(name, create=True, size=HEADER + 2 * capacity)
+        if hasattr(os, "posix_fallocate"):  # Linux; tmpfs gives a size without pages until they are written
+            try:
+                os.posix_fallocate(shm._fd, 0, shm.size)  # type: ignore[attr-defined]
+            except OSError:
+                shm.close()
+                shm.unlink()  # (and unregisters it from the resource tracker)
+                raise
         _OWNED.add(shm.name)
         header = np.ndarray((64,), dtype=np.int64, buffer=shm.buf)
         header[:] = 0

@@ -20,7 +20,7 @@ def rows_by_check(config) -> dict:
 def test_the_embedded_preset_passes_every_check(capsys):
     assert main(["--config", "configs/embedded.yaml"]) == 0
     out = capsys.readouterr().out
-    assert out.count("ok  ") == 5
+    assert out.count("ok  ") == 6  # inputs, resources, backend, plan, memory, shm
     # the official rule on the embedded model: its 4 blocks' 2 FFN Linears, 131 k of 582 k parameters
     assert "8 of 60 Linears in nvfp4: 0.1 M of 0.6 M transformer parameters (23%)" in out
 

@@ -6,6 +6,7 @@ Model folders are copies of the committed embedded model, broken on purpose; the
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -23,6 +24,7 @@ from diffusion.config import EMBEDDED_MODEL
 from diffusion.loading import check_model_folder, check_safetensors
 from diffusion.prompts import load_prompts
 from rewards.digit_classifier import DEFAULT_DIR as CLASSIFIER_DIR
+from rewards.geneval import register_detector
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET = "configs/embedded.yaml"
@@ -85,6 +87,112 @@ def test_a_good_prompt_file_passes_and_loses_its_byte_order_mark(tmp_path):
     path.write_bytes("\ufeffa digit one\n\n  a digit two  \n".encode())
     assert check_inputs(config_with(f"prompts.source={path}", f"prompts.eval_source={path}")) == []
     assert load_prompts(str(path)) == ["a digit one", "a digit two"]
+
+
+DIGITS = "zero, one, two, three, four, five, six, seven, eight, nine"
+
+
+@pytest.mark.parametrize(("field", "source", "first"), [
+    ("prompts.source", "configs/prompts/train.txt", "a red fox sitting in fresh snow at sunrise"),
+    ("prompts.eval_source", "configs/prompts/heldout.txt", "a fox and a rabbit sharing a picnic blanket"),
+])
+def test_prompts_the_reward_cannot_score_are_refused_before_anything_starts(field, source, first):
+    """Before: these passed the preflight and the job died once Ray had started, inside an explorer."""
+    fails(config_with(f"{field}={source}"), re.escape(
+        f"{field}: the digit_alignment reward cannot score the prompts of '{source}': prompt 0: prompt '{first}' "
+        f"must name exactly one digit in words ({DIGITS}); found none (the embedded prompt sets, 'embedded', name "
+        f"one each); give {field} a prompt set it can score, or choose another reward (reward.weights)"))
+
+
+NO_FILES_DETECTOR = "preflight_no_files"
+
+
+@register_detector(NO_FILES_DETECTOR)
+class NoFilesDetector:
+    """A detector with no weight files: the preflight only looks it up (it is never called here)."""
+
+    @classmethod
+    def required_files(cls, **options) -> list:
+        return []
+
+
+def test_every_configured_reward_checks_the_prompts_it_will_be_handed(tmp_path):
+    quoted = tmp_path / "ocr.txt"
+    quoted.write_text('a sign that says "one"\na handwritten digit two\n', encoding="utf-8")
+    fails(config_with(f"prompts.source={quoted}", "reward.weights={digit_margin: 1.0, ocr: 1.0}"), re.escape(
+        f"prompts.source: the ocr reward cannot score the prompts of '{quoted}': prompt 1: the ocr reward needs the "
+        "target text in double quotes in the prompt, got 'a handwritten digit two'; give prompts.source a prompt "
+        "set it can score, or choose another reward (reward.weights)"))
+    # a reward that cannot be built (geneval without a detector) is named first, whatever its prompts
+    fails(config_with("reward.weights={geneval: 1.0}", "prompts.source=configs/prompts/train.txt"),
+          r"reward\.options\.geneval: the geneval reward needs an object detector, .*")
+    # with one, geneval reads each prompt's metadata: a text file has none, a GenEval .jsonl passes
+    detector = ["reward.weights={geneval: 1.0}", f"reward.options.geneval.detector={NO_FILES_DETECTOR}"]
+    fails(config_with(*detector, "prompts.source=configs/prompts/train.txt"),
+          r"prompts\.source: the geneval reward cannot score the prompts of 'configs/prompts/train\.txt': prompt 0: "
+          r"GenEval metadata needs a 'tag' .*, got \{\}; use a GenEval \.jsonl prompt set .*")
+    jsonl = tmp_path / "geneval.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "a photo of two cats", "tag": "counting",
+                                 "include": [{"class": "cat", "count": 2}]}) + "\n", encoding="utf-8")
+    check_inputs(config_with(*detector, f"prompts.source={jsonl}", f"prompts.eval_source={jsonl}"))
+
+
+# ---- the weight-sync region in /dev/shm ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedded_meta():
+    from cluster.check import meta_transformer
+    from diffusion.families import family_for_transformer
+
+    model = meta_transformer(EMBEDDED_MODEL)
+    return model, family_for_transformer(type(model).__name__)
+
+
+@pytest.mark.parametrize("codec", ["nvfp4", "dense", "lora"])
+def test_the_snapshot_estimate_is_the_slot_the_learner_writes(codec, embedded_meta, embedded_policy):
+    """The preflight sizes the region from the meta-device model alone; the learner's real snapshot of the
+    embedded model (θ_old as published, encoded by the codec) takes exactly that many bytes in a slot."""
+    from cluster.check import snapshot_estimate
+    from diffusion.explore import explore_plan
+    from learner.config import TrainingConfig
+    from learner.training_state import TrainingState
+    from weight_sync.codecs import encode, payload_bytes
+    from weight_sync.shm import slot_bytes
+
+    config = config_with(f"cluster.codec={codec}")
+    if codec == "lora":
+        state = TrainingState(copy.deepcopy(embedded_policy.transformer), TrainingConfig(lora_rank=32, lora_alpha=64),
+                              family_targets=embedded_policy.family.lora_targets)
+        weights, quantize, meta = state.old_parameters(), (), {"lora_scale": 2.0}
+    else:
+        weights = embedded_policy.transformer.state_dict()
+        quantize, meta = explore_plan(embedded_policy, config.explore).quantized_weights, {}
+    arrays, manifest = encode(weights, codec, version=7, quantize=quantize, meta=meta)
+    written = slot_bytes(payload_bytes(arrays), len(arrays), len(json.dumps(manifest.to_json())))
+    assert snapshot_estimate(config, *embedded_meta) == (codec, written)
+
+
+def test_too_little_room_in_dev_shm_is_a_warning_naming_it_and_the_sizes(embedded_meta):
+    from cluster.check import shm_row, snapshot_estimate
+    from weight_sync.shm import region_bytes, shm_free_bytes, size_text
+
+    config = config_with()
+    codec, nbytes = snapshot_estimate(config, *embedded_meta)
+    assert codec == "nvfp4"  # auto, for the embedded NVFP4 engine
+    need = region_bytes(nbytes)
+    row = shm_row(config, *embedded_meta, free=need)
+    assert row.ok is True and row.detail.startswith(f"weight-sync region {size_text(need)} (2 slots for nvfp4 ")
+    row = shm_row(config, *embedded_meta, free=need - 1)
+    assert row.ok is None  # a warning: the service falls back to the object store
+    assert row.detail == (f"/dev/shm has {size_text(need - 1)} free, the weight-sync region needs {size_text(need)} "
+                          f"(2 slots for snapshots of {size_text(nbytes)}): snapshots go through Ray's object store "
+                          "instead (slower); to use shared memory give /dev/shm 1 B more room (docker run "
+                          "--shm-size=1g or more; else mount -o remount,size=<larger> /dev/shm)")
+    free = shm_free_bytes()
+    assert free is not None and free > need  # this machine's real /dev/shm (statvfs) holds the embedded region
+    row = shm_row(config, *embedded_meta)
+    assert row.ok is True and re.fullmatch(r"weight-sync region .*; /dev/shm has [\d.]+ [KMG]iB free", row.detail)
 
 
 # ---- model folders ---------------------------------------------------------------------------------
@@ -255,7 +363,10 @@ def test_a_reward_models_missing_weight_file_is_named_with_its_source_before_any
     fails(config_with("reward.weights={ocr: 1.0}", f"reward.options={{ocr: {{det_model_path: {det}}}}}"),
           rf"reward\.options\.ocr: missing {re.escape(str(det))} \(from det_model_path: a PP-OCR model "
           r"exported to ONNX \(paddle2onnx\)\)")
-    assert check_inputs(config_with("reward.weights={ocr: 1.0}")) == []  # the wheel's own models are there
+    quoted = tmp_path / "signs.txt"  # prompts the ocr reward can score: the target text in quotes
+    quoted.write_text('a sign that says "one"\n', encoding="utf-8")
+    ocr_on_signs = ["reward.weights={ocr: 1.0}", f"prompts.source={quoted}", f"prompts.eval_source={quoted}"]
+    assert check_inputs(config_with(*ocr_on_signs)) == []  # the wheel's own models are there
 
 
 # ---- cross-field rules and odd keep ----------------------------------------------------------------

@@ -4,6 +4,7 @@ equal weights give equal files (safetensors and sample grids). Real tiny model, 
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 import math
@@ -22,6 +23,7 @@ from diffusion.config import EMBEDDED_MODEL
 from diffusion.loading import load_policy
 from diffusion.noise import grid_seeds
 from learner.checkpoint import (
+    CheckpointWriteFailed,
     CorruptCheckpoint,
     NonFiniteWeights,
     load_checkpoint,
@@ -282,6 +284,86 @@ def test_a_save_that_died_between_its_renames_loads_and_is_finished(base, tmp_pa
     save_checkpoint(target, state, iteration=4, extra={})  # finishes the third save first: it becomes .previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "ckpt.previous"]
     assert verify_checkpoint(target)["iteration"] == 4 and verify_checkpoint(previous)["iteration"] == 3
+
+
+# ---- a disk that refuses the write ---------------------------------------------------------------------
+FULL_DISK_CHILD = """
+import json, pickle, resource, signal, sys
+from pathlib import Path
+sys.path.insert(0, "tests")
+from tiny import tiny_config
+from learner.checkpoint import CheckpointWriteFailed, save_checkpoint
+from learner.trainer import Trainer
+
+out = Path(sys.argv[1])
+trainer = Trainer(tiny_config("eval.prompts=1"), run_dir=None)
+trainer.iteration, trainer.version = 1, 1
+target = save_checkpoint(out / "checkpoint", trainer.state, iteration=1)
+trainer.save_final(out / "final")
+# From here on no file may grow past a limit, as on a full disk: write() fails with EFBIG (SIGXFSZ ignored).
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+limits = {"checkpoint": (target / "theta.safetensors").stat().st_size // 2,  # cut in the middle of θ
+          "final": (out / "final" / "transformer" / "diffusion_pytorch_model.safetensors").stat().st_size // 2}
+results = {}
+for what, limit in limits.items():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    trainer.iteration, trainer.version = 2, 2
+    try:
+        save_checkpoint(target, trainer.state, iteration=2) if what == "checkpoint" else trainer.save_final(out / what)
+    except CheckpointWriteFailed as exc:
+        copy = pickle.loads(pickle.dumps(exc))  # as Ray hands it from the learner actor to the driver
+        results[what] = {"message": str(exc), "errno": exc.errno, "folder": str(exc.folder),
+                         "pickled": [str(copy), copy.errno, str(copy.folder)]}
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def full_disk(tmp_path_factory) -> dict:
+    """A checkpoint and a final/ written, then each written again while no file may grow past a limit (the
+    real write fails, EFBIG): what the process raised, and the folder it left."""
+    out = tmp_path_factory.mktemp("full_disk")
+    child = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(out)], cwd=REPO, capture_output=True,
+                           text=True, timeout=300)
+    assert child.returncode == 0, child.stderr
+    return {"out": out, "raised": json.loads(child.stdout.strip().splitlines()[-1])}
+
+
+def test_a_checkpoint_the_disk_refuses_leaves_the_previous_one_in_use(full_disk, base):
+    """Before: a traceback (SafetensorError ... File too large / No space left on device) and a partial
+    checkpoint.tmp/ left behind."""
+    out, raised = full_disk["out"], full_disk["raised"]["checkpoint"]
+    target = out / "checkpoint"
+    assert raised["message"] == (
+        f"could not write the checkpoint {target}: File too large ({target}.tmp/theta.safetensors); removed "
+        f"{target}.tmp, the previous checkpoint {target} (iteration 1) is intact")
+    assert raised["errno"] == errno.EFBIG and raised["folder"] == str(target)
+    assert raised["pickled"] == [raised["message"], errno.EFBIG, str(target)]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "final"]  # no .tmp, nothing rotated
+    assert verify_checkpoint(target)["iteration"] == 1
+    tiny = TrainingState(copy.deepcopy(base.transformer), TrainingConfig(lora_rank=4, lora_alpha=8),
+                         family_targets=base.family.lora_targets)
+    assert load_checkpoint(target, tiny)["iteration"] == 1
+
+
+def test_a_final_folder_the_disk_refuses_leaves_the_earlier_one(full_disk):
+    """Before: a traceback and a half-written final/ in place of the earlier one."""
+    out, raised = full_disk["out"], full_disk["raised"]["final"]
+    final = out / "final"
+    assert raised["message"] == (f"could not write the final weights {final}: File too large ({final}.tmp); "
+                                 f"removed {final}.tmp, the earlier {final} is intact")
+    assert raised["errno"] == errno.EFBIG and raised["folder"] == str(final)
+    assert json.loads((final / "run.json").read_text())["iteration"] == 1  # the first save's, whole
+    assert safetensors_metadata(final / "sampling_transformer.safetensors") == {"iteration": 1, "policy_version": 1}
+    assert load_file(str(final / "transformer" / "diffusion_pytorch_model.safetensors"))
+
+
+def test_a_checkpoint_write_failure_is_an_os_error_naming_its_folder():
+    error = CheckpointWriteFailed("could not write the checkpoint x: No space left on device", Path("x"),
+                                  errno.ENOSPC)
+    assert isinstance(error, OSError) and str(error) == "could not write the checkpoint x: No space left on device"
+    assert (error.errno, error.folder) == (errno.ENOSPC, Path("x"))
 
 
 # ---- deterministic safetensors ---------------------------------------------------------------------

@@ -1,8 +1,11 @@
-"""The shared-memory path: the seqlock region alone, then through the services on a real local Ray."""
+"""The shared-memory path: the seqlock region alone (its size, its room in /dev/shm), then through the services
+on a real local Ray, and their fallback to the object store when /dev/shm has no room."""
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -16,7 +19,18 @@ import torch
 from weight_sync.codecs import encode
 from weight_sync.publisher import WeightPublisher
 from weight_sync.service import WeightSyncService, start_services, stop_services
-from weight_sync.shm import Region, TornRead, leaked, region_prefix
+from weight_sync.shm import (
+    SHM_FOLDER,
+    Region,
+    TornRead,
+    leaked,
+    region_bytes,
+    region_prefix,
+    region_shortfall,
+    shm_free_bytes,
+    size_text,
+    slot_capacity,
+)
 from weight_sync.subscriber import WeightSubscriber
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors below
@@ -61,6 +75,40 @@ def test_region_keeps_the_two_newest_versions_and_reads_them_whole():
     finally:
         owner.unlink()
     assert owner.name not in leaked()
+
+
+def test_a_region_takes_region_bytes_of_dev_shm_all_reserved_when_made():
+    """Before: the pages were handed out only when written, so a region larger than /dev/shm's free space was
+    made and its writer died of SIGBUS later. Now every page is reserved by `Region.create` itself."""
+    nbytes = 3 * 2**20 + 5
+    assert slot_capacity(nbytes) == 3 * 2**20 + 3 * 2**17 + 2**16 + 4096  # + an eighth + 64 KiB, in whole pages
+    owner = Region.create(_name(), slot_capacity(nbytes))
+    try:
+        stat = os.stat(os.path.join(SHM_FOLDER, owner.name))
+        assert stat.st_size == region_bytes(nbytes) == 4096 + 2 * slot_capacity(nbytes)
+        assert stat.st_blocks * 512 >= region_bytes(nbytes)  # allocated, not a sparse promise
+    finally:
+        owner.unlink()
+    st = os.statvfs(SHM_FOLDER)
+    with pytest.raises(OSError) as info:  # more than the whole tmpfs: refused at once, nothing left behind
+        Region.create(_name(), st.f_blocks * st.f_frsize)
+    assert info.value.errno == errno.ENOSPC and not leaked("test")
+
+
+def test_whether_a_region_fits_is_decided_on_the_free_space_given():
+    assert region_shortfall(10 * 2**20, 16 * 2**20) == (
+        "/dev/shm has 16.0 MiB free, the weight-sync region needs 22.6 MiB (2 slots for snapshots of 10.0 MiB): "
+        "snapshots go through Ray's object store instead (slower); to use shared memory give /dev/shm 6.6 MiB more "
+        "room (docker run --shm-size=1g or more; else mount -o remount,size=<larger> /dev/shm)")
+    assert region_shortfall(10 * 2**20, region_bytes(10 * 2**20)) is None  # exactly enough
+    assert region_shortfall(10 * 2**20, None) is None  # no /dev/shm to ask: try, and catch the OSError
+    free = shm_free_bytes()  # this machine's, from statvfs
+    st = os.statvfs(SHM_FOLDER)
+    assert free is not None and abs(free - st.f_bavail * st.f_frsize) < 2**30
+    assert region_shortfall(2**20, free) is None
+    assert region_shortfall(free, free).startswith(f"/dev/shm has {size_text(free)} free, the weight-sync region "
+                                                   f"needs {size_text(region_bytes(free))}")
+    assert shm_free_bytes(os.path.join(SHM_FOLDER, "no-such-folder")) is None
 
 
 def _writer(name: str, first: int, last: int) -> None:
@@ -187,6 +235,30 @@ def test_same_node_reads_shared_memory_and_another_node_the_object_store(local_r
     finally:
         stop_services(services)
     _wait(lambda: not leaked(tag))
+
+
+@pytest.mark.ray
+def test_a_service_without_room_in_dev_shm_serves_snapshots_through_the_object_store(local_ray):
+    """A node whose /dev/shm cannot hold the region (here: a limit of 0 bytes) gets no region; the publisher
+    sends it the snapshots through the object store, and its readers load them from object references."""
+    tag = "full" + uuid.uuid4().hex[:6]
+    services = start_services(keep=2, tag=tag, shm_limit=0)
+    (_, service), = services.items()
+    publisher = WeightPublisher(services, "dense")
+    subscriber = WeightSubscriber(service, Engine(64))
+    try:
+        for version in (1, 2):
+            publisher.publish(_snapshot(version, 64), version)
+            assert subscriber.poll()["version"] == version and subscriber.engine.holds(version)
+        version, manifest, refs = ray.get(service.latest.remote(-1))
+        assert version == 2 and "shm" not in manifest and len(refs) == 1  # an object reference, no marker
+        stats = ray.get(service.stats.remote())
+        assert stats["shm"] == {} and stats["versions"] == [1, 2]
+        assert stats["shm_unavailable"].startswith("/dev/shm has 0 B free, the weight-sync region needs ")
+        assert publisher.local is None and not leaked(tag)
+        assert subscriber.fetch(1)["version"] == 1 and subscriber.engine.holds(1)
+    finally:
+        stop_services(services)
 
 
 class Source:
