@@ -1,7 +1,11 @@
 """How the job's actors are called: their names in the Ray dashboard, their namespace, their metric labels.
 
-Every actor of a job lives in the job's own namespace, `solrl-<run>-<tag>`, so two jobs (or two test runs
-in one Ray session) never collide on a name, and is named after its role and index: `solrl-learner-<rank>`,
+Every actor of a job lives in the job's own namespace, `solrl-<run>-<tag>` (`<run>`: the run directory's
+name, `<tag>`: 8 random hex digits), so two jobs (or two test runs in one Ray session) never collide on a
+name. The namespace is also the `run` label of every metric the job exports: unique per job even when two
+run directories share a name (`/a/exp` and `/b/exp`), and still read as the run on a dashboard; each launch
+of a run (a resume too) is a new job with a new label, and `launches.jsonl` records which. Each actor is
+named after its role and index: `solrl-learner-<rank>`,
 `solrl-explorer-<i>` (indices are never reused within a job: an explorer added by `cluster.control` after one
 was removed gets a new index, because Ray frees a killed actor's name only asynchronously), and
 `solrl-scorer-<i>`; each node's weight-sync service is `solrl-weight-sync-<node>` (`weight_sync.service`).
@@ -25,7 +29,9 @@ def actor_name(role: str, index: int) -> str:
 
 
 def run_label(run_dir: str | None, run_name: str) -> str:
-    """The `run` label of the job's metrics: its run directory's name (unique per run), else `run.name`."""
+    """The run's short name: its run directory's name, else `run.name`. The job's name and namespace start
+    with it; it is not unique (two run directories may share a name), so the metrics' `run` label is the
+    namespace (`job_namespace`), not this."""
     return Path(run_dir).name if run_dir else run_name
 
 
@@ -36,4 +42,6 @@ def job_name(run: str) -> str:
 
 
 def job_namespace(run: str, tag: str) -> str:
+    """The job's namespace, and the `run` label of its metrics: `solrl-<run>-<tag>`, with only the characters
+    Ray accepts."""
     return f"{job_name(re.sub(r'[^A-Za-z0-9_.-]', '_', run))}-{tag}"

@@ -27,7 +27,7 @@ from typing import Any
 import ray
 import torch
 
-from actors.identity import actor_name, run_label
+from actors.identity import actor_name
 from actors.metrics import LearnerMetrics
 from actors.reward_scorer import RemoteReward
 from diffusion.explore import ExplorePlan
@@ -55,10 +55,11 @@ def codec_for(plan: ExplorePlan, requested: str) -> str:
 class Learner:
     def __init__(self, config, run_dir: str | None, services: dict[str, Any], *, resume: bool | str = False,
                  codec: str = "auto", threads: int = 1, scorers: list | None = None, rank: int = 0,
-                 world: int = 1) -> None:
+                 world: int = 1, run: str = "") -> None:
         """`services`: node id → that node's WeightSyncService (this job's own); `scorers`: RewardScorer
         actors that hold the reward models (None: the trainer loads them here); `rank` of `world`: this
-        actor's place in the learner group (the driver then calls `join` on every rank)."""
+        actor's place in the learner group (the driver then calls `join` on every rank); `run`: the `run`
+        label of its metrics, the job's namespace (`actors.identity`), as the explorers' and scorers'."""
         torch.set_num_threads(threads)
         self.name = actor_name("learner", rank)
         self.shard = Shard(rank, world)
@@ -72,8 +73,7 @@ class Learner:
         if resume is True and not self.shard.main:  # every rank reads rank 0's checkpoint
             resume = str(Path(run_dir) / "checkpoint")
         self._resume = resume
-        self.metrics = LearnerMetrics(run_label(run_dir, config.run.name), config.run.iterations) \
-            if self.shard.main else None
+        self.metrics = LearnerMetrics(run, config.run.iterations) if self.shard.main else None
         self._last_end: float | None = None
         self._start = self._idle = 0.0
         self._streamed: dict[int, tuple[RankedGroup, Group]] = {}  # slot → (its ranked group, its rollout)

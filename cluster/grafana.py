@@ -9,7 +9,8 @@ does not declare (and a test scrapes a real run to check that each one is really
 its own dashboards into `<session>/metrics/grafana/dashboards/` and provisions that folder into Grafana
 (`ray/dashboard/modules/metrics/metrics_head.py`); `install_dashboard` puts this one beside them, so a
 Grafana started as Ray's docs describe shows it in the "Ray" folder with Ray's defaults. Two variables:
-`datasource` (Ray's convention) and `run` (the run directory's name, from the `run` label).
+`datasource` (Ray's convention) and `run` (a job: its namespace `solrl-<run directory name>-<tag>`,
+from the `run` label).
 """
 
 from __future__ import annotations

@@ -8,7 +8,12 @@
                          `pipe.load_lora_weights(final/lora)` applies the same scale α/r (without the
                          metadata diffusers assumes α = r)
     export_pipeline      the base folder's other components + a trained transformer: a folder
-                         `DiffusionPipeline.from_pretrained` loads
+                         `DiffusionPipeline.from_pretrained` loads (the embedded model's, which no diffusers
+                         pipeline class fits, carries its own: `from_pretrained(DIR, trust_remote_code=True)`,
+                         `diffusion.embedded.model`), with `solrl_export.json` saying what it was exported
+                         from. It is written into the sibling `<out>.tmp-<pid>` and renamed
+                         into place at the end: a failed write (a full disk) removes that folder and leaves
+                         `out` as it was. `out` must be new, empty, or a previous export (which it replaces).
 
 Which policy: `theta` (the trained weights), `ema` (their EMA, what evaluation sees; θ when the run keeps
 none) or `old` (the sampling policy θ_old).
@@ -17,9 +22,11 @@ none) or `old` (the sampling policy θ_old).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -28,6 +35,7 @@ from learner.training_state import TrainingState
 
 ExportPolicy = Literal["theta", "ema", "old"]
 TRANSFORMER_DIR, LORA_DIR = "transformer", "lora"
+EXPORT_RECORD = "solrl_export.json"  # marks a folder as an export, which a later export may replace
 
 
 def adapter_parameters(state: TrainingState, policy: ExportPolicy) -> dict[str, torch.Tensor]:
@@ -73,14 +81,58 @@ def save_lora(state: TrainingState, policy: ExportPolicy, model_folder: Path, fo
     return folder
 
 
-def export_pipeline(model_folder: Path, transformer_folder: Path, out: Path) -> Path:
-    """A pipeline folder: every component of `model_folder` but the transformer, copied, and the
-    transformer of `transformer_folder`."""
-    out.mkdir(parents=True, exist_ok=True)
-    for item in Path(model_folder).iterdir():
-        if item.name == TRANSFORMER_DIR:
-            continue
-        target = out / item.name
-        (shutil.copytree(item, target, dirs_exist_ok=True) if item.is_dir() else shutil.copy2(item, target))
-    shutil.copytree(transformer_folder, out / TRANSFORMER_DIR, dirs_exist_ok=True)
+def replaceable(out: Path) -> bool:
+    """Whether an export may be written at `out`: nothing there, an empty folder, or a previous export
+    (a folder holding EXPORT_RECORD). Anything else may be someone's model or data: never replaced."""
+    if not out.exists():
+        return True
+    return out.is_dir() and (not any(out.iterdir()) or (out / EXPORT_RECORD).is_file())
+
+
+def export_pipeline(model_folder: Path, out: Path, write_transformer: Callable[[Path], object],
+                    record: Mapping[str, Any]) -> Path:
+    """A pipeline folder at `out`: every component of `model_folder` but the transformer, copied, the
+    transformer `write_transformer(folder)` writes, and `record` as EXPORT_RECORD (see the module docstring
+    for the embedded model, the temporary sibling and what `out` may be)."""
+    # Imported here: diffusion.embedded.model imports diffusers' and transformers' model classes (seconds).
+    from diffusion.embedded.model import has_embedded_layout, write_diffusers_pipeline
+
+    out = Path(out).resolve()
+    if not replaceable(out):
+        raise ValueError(f"{out} holds files that are not an export ({EXPORT_RECORD} is missing); choose a new or "
+                         "empty folder")
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # a killed export's leftover of the same pid
+    created = next(p for p in (tmp, *tmp.parents) if p.parent.exists())  # tmp, or its first missing parent
+    try:
+        tmp.mkdir(parents=True)
+        for item in sorted(Path(model_folder).iterdir()):
+            if item.name != TRANSFORMER_DIR:
+                target = tmp / item.name
+                shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
+        write_transformer(tmp / TRANSFORMER_DIR)
+        if has_embedded_layout(json.loads((tmp / "model_index.json").read_text())):
+            write_diffusers_pipeline(tmp)
+        (tmp / EXPORT_RECORD).write_text(json.dumps(dict(record), indent=2) + "\n")
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(created, ignore_errors=True)
+        raise
     return out
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out`; an existing `out` (empty, or a previous export) is set aside first and
+    restored if the rename fails, so `out` is always either the old folder or the whole new one."""
+    if not out.exists():
+        tmp.rename(out)
+        return
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    out.rename(old)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
+    shutil.rmtree(old)

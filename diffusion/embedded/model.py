@@ -6,12 +6,16 @@
 - transformer: a 4-block `SD3Transformer2DModel` (width 64, 2×2 patches of 16×16×1 pixel latents);
 - no VAE: the model works in pixel space (x = 2·image − 1), so decoding is (x + 1) / 2.
 The folder has the layout of a diffusers SD3 pipeline (model_index.json and one folder per
-component) and is read by `diffusion.loading.load_policy` exactly like SD3.5-Large.
+component) and is read by `diffusion.loading.load_policy` exactly like SD3.5-Large. diffusers' own
+`StableDiffusion3Pipeline` cannot load it (it needs two CLIP encoders and a VAE): `write_diffusers_pipeline`
+makes such a folder (an export, `cluster.export`) one that `DiffusionPipeline.from_pretrained(folder,
+trust_remote_code=True)` loads and samples, with its own pipeline class (`diffusion/embedded/pipeline.py`).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
@@ -24,6 +28,8 @@ SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 MAX_TOKENS = 12  # the longest prompt is 8 words + <bos> + <eos>
 TEXT_WIDTH = 32
 SHIFT = 1.0  # tiny 16×16 images need no resolution shift
+PIPELINE_SOURCE = Path(__file__).with_name("pipeline.py")
+PIPELINE_MODULE, PIPELINE_CLASS = "pipeline", "EmbeddedDigitsPipeline"  # <folder>/pipeline.py, its class
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -107,3 +113,31 @@ def save_model_folder(
         "vae": [None, None],
     }
     (folder / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _present(index: dict, name: str) -> bool:
+    spec = index.get(name)
+    return isinstance(spec, list) and bool(spec) and spec[0] is not None
+
+
+def has_embedded_layout(index: dict) -> bool:
+    """Whether a model_index.json describes this model's layout: an SD3 folder with one text encoder and
+    no VAE, which `StableDiffusion3Pipeline.from_pretrained` refuses."""
+    return (index.get("_class_name") == "StableDiffusion3Pipeline" and _present(index, "text_encoder")
+            and not _present(index, "text_encoder_2") and not _present(index, "vae"))
+
+
+def write_diffusers_pipeline(folder: Path) -> None:
+    """Make an embedded-layout folder a diffusers pipeline of its own class: `pipeline.py` beside the
+    components, and a model_index.json that names it (diffusers' convention for a pipeline that ships its
+    code) and lists only the components it has."""
+    index_file = folder / "model_index.json"
+    index = json.loads(index_file.read_text())
+    if not has_embedded_layout(index):
+        raise ValueError(f"{index_file} does not describe the embedded model's layout (an SD3 folder with one "
+                         "text encoder and no VAE)")
+    shutil.copyfile(PIPELINE_SOURCE, folder / f"{PIPELINE_MODULE}.py")
+    components = {k: v for k, v in index.items() if not k.startswith("_") and _present(index, k)}
+    version = index.get("_diffusers_version", __import__("diffusers").__version__)
+    rewritten = {"_class_name": [PIPELINE_MODULE, PIPELINE_CLASS], "_diffusers_version": version, **components}
+    index_file.write_text(json.dumps(rewritten, indent=2) + "\n")

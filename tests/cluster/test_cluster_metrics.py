@@ -86,9 +86,10 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
     assert 0 <= values["ray_solrl_learner_idle_fraction"] <= 1
     assert values["ray_solrl_rank_spearman"] == pytest.approx(history[-1]["rank_spearman"], rel=1e-6)
     assert values["ray_solrl_skipped_updates_total"] == 0  # exported at 0 from the start
-    # every series carries the run's label; per-actor ones their actor's index, as in its name
-    run = (tmp_path / "metrics").name
-    assert all(s["run"] == run for series in labels.values() for s in series)
+    # every series carries the job's label, its namespace (unique per job, where two run directories may share
+    # a name, and it starts with the run directory's); per-actor ones their actor's index, as in its name
+    assert job.namespace.startswith(f"solrl-{(tmp_path / 'metrics').name}-")
+    assert all(s["run"] == job.namespace for series in labels.values() for s in series)
     assert {s["explorer"] for s in labels["ray_solrl_explored_candidates_total"]} == {"0"}
     assert {s["scorer"] for s in labels["ray_solrl_scorer_requests_total"]} == {"0"}
     # the scorer's counters agree with its own record of the batches it scored
