@@ -34,6 +34,16 @@ class ExplorersConfig(ActorResources):
                              "finished in between) is a crash loop: the job ends, resumable")
     restart_timeout_s: float = Field(900.0, gt=0, description="how long a lost slot waits for a restarting "
                                      "explorer (model load included) before the job ends")
+    max: int | None = Field(None, ge=1, description="the most explorers `cluster.control` may scale the job to "
+                            "(None: count); a local Ray is started with room for them")
+    join_timeout_s: float = Field(600.0, gt=0, description="an explorer added by `cluster.control` that is not "
+                                  "placed and loaded within this is reported (naming the missing resources) "
+                                  "and dropped")
+
+    @property
+    def limit(self) -> int:
+        """The most explorers the job may run: `max`, or `count` when none is set."""
+        return self.max if self.max is not None else self.count
 
 
 class LearnerGroupConfig(ActorResources):
@@ -134,6 +144,11 @@ def cross_field_problem(config: SolRLConfig) -> tuple[tuple[str, ...], str] | No
             f"learner.art.pairwise (true) needs prompts.keep = 2 (given {p.keep}): pairwise scores compare one "
             "winner with one loser per prompt; set prompts.keep=2 or learner.art.pairwise=false"
         )
+    explorers = config.cluster.explorers
+    if explorers.max is not None and explorers.max < explorers.count:
+        return ("cluster.explorers.max", "cluster.explorers.count"), (
+            f"cluster.explorers.max ({explorers.max}) must be >= cluster.explorers.count ({explorers.count}): it "
+            "is the most explorers cluster.control may scale to; raise it or leave it unset (= count)")
     if config.cluster.learner.count > p.per_iteration:
         return ("cluster.learner.count", "prompts.per_iteration"), (
             f"cluster.learner.count ({config.cluster.learner.count}) must be <= prompts.per_iteration "

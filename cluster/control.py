@@ -2,6 +2,12 @@
 
     python -m cluster.control RUN_DIR --explorers 6      # scale the explorers of a running job to 6
 
+The count is bounded by `cluster.explorers.max` (default: `count`), the room the job was started with: a
+local Ray reserves resources for that many, and asking for more is refused here, naming the setting (a
+resumed run can raise it: `--resume RUN_DIR --set cluster.explorers.max=N`). A directory that is not a
+run (no config.yaml) or whose run has finished is refused in one line; a run that is not running now
+(no launcher holds its lock, `cluster.run_lock`) takes the count when it is resumed.
+
 The driver reads `RUN_DIR/control.json` once per iteration, at a point where no slot is in flight (sync
 mode: before the iteration's slots are sent; async mode: before the next iteration's are). A new explorer
 loads its model in the background and takes slots from the first such point after it is ready; a
@@ -20,6 +26,8 @@ import sys
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cluster.run_lock import running_holder
 
 CONTROL_FILE = "control.json"
 
@@ -57,21 +65,45 @@ def write_control(run_dir: str | Path, **changes: int) -> Control:
     return control
 
 
+def refusal(run_dir: Path, explorers: int) -> str | None:
+    """Why `explorers` cannot be asked of the run in `run_dir` (None: it can)."""
+    from cluster.config import ConfigError, load_config
+
+    if not run_dir.is_dir():
+        return f"{run_dir} is not a run directory (it does not exist)"
+    if not (run_dir / "config.yaml").is_file():
+        return f"{run_dir} is not a run directory of this tool (no config.yaml)"
+    if explorers < 1:
+        return f"--explorers must be >= 1 (given {explorers})"
+    try:
+        limit = load_config(run_dir / "config.yaml").cluster.explorers.limit
+    except ConfigError as exc:
+        return str(exc)
+    if explorers > limit:
+        return (f"{run_dir}: the job has room for at most {limit} explorer(s) (cluster.explorers.max, default "
+                f"cluster.explorers.count); asked for {explorers}. Resume it with --set cluster.explorers.max="
+                f"{explorers} (a local Ray then reserves that room) to scale that far")
+    if running_holder(run_dir) is None and (run_dir / "summary.json").is_file():
+        return (f"{run_dir}: the run has finished (summary.json) and no job runs on it; to train further: "
+                f"python -m cluster.launch --resume {run_dir} --set run.iterations=N --set "
+                f"cluster.explorers.count={explorers}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.control", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", help="the running job's run directory")
+    parser.add_argument("run_dir", type=Path, help="the running job's run directory")
     parser.add_argument("--explorers", type=int, required=True, help="explorer actors the job should run")
     args = parser.parse_args(argv)
-    if not Path(args.run_dir).is_dir():
-        print(f"error: {args.run_dir} is not a run directory (it does not exist)", file=sys.stderr)
+    problem = refusal(args.run_dir, args.explorers)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    try:
-        control = write_control(args.run_dir, explorers=args.explorers)
-    except ValidationError:
-        print(f"error: --explorers must be >= 1 (given {args.explorers})", file=sys.stderr)
-        return 2
-    print(f"{Path(args.run_dir) / CONTROL_FILE}: {control.model_dump(exclude_none=True)} (applied at the job's "
-          "next iteration)")
+    control = write_control(args.run_dir, explorers=args.explorers)
+    holder = running_holder(args.run_dir)
+    when = f"applied at the job's next iteration (launcher pid {holder.get('pid')} on {holder.get('host')})" \
+        if holder is not None else f"no job runs on it now: applied when it is resumed (--resume {args.run_dir})"
+    print(f"{args.run_dir / CONTROL_FILE}: {control.model_dump(exclude_none=True)} ({when})")
     return 0
 
 

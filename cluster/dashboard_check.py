@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     dashboard_port, prometheus_port, debug_port = free_port(), free_port(), free_port()
-    local = LocalRay.start(num_cpus=4, dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
+    local = LocalRay.start(run_dir, num_cpus=4, dashboard_host="127.0.0.1", dashboard_port=dashboard_port,
                            include_dashboard=True, log_to_driver=False)
     base = f"http://127.0.0.1:{dashboard_port}"
     scratch = Path(tempfile.mkdtemp(prefix="solrl-check-"))

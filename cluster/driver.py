@@ -74,7 +74,9 @@ class Job:
     scorers: list[Any] | None = None
     bundles: list[int | None] = field(default_factory=list)  # each explorer's placement bundle (None: outside)
     free_bundles: list[int] = field(default_factory=list)  # explorer bundles left by removed explorers
-    joining: dict[Any, tuple[Any, int | None]] = field(default_factory=dict)  # ready ref → loading (actor, bundle)
+    # ready ref → a loading explorer: (actor, bundle, when it was asked for)
+    joining: dict[Any, tuple[Any, int | None, float]] = field(default_factory=dict)
+    unplaced_at: int | None = None  # a target whose joiner found no room: not retried until the target changes
 
     @property
     def learner(self) -> Any:
@@ -116,8 +118,9 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
     """Weight-sync services (one per node, private to this job), a placement group, L learner ranks joined in
     one process group, E explorers and S scorers. If any of it fails, what was started is stopped again."""
     c = config.cluster
-    tag, run = uuid.uuid4().hex[:8], run_label(run_dir, config.run.name)
-    namespace = job_namespace(run, tag)
+    tag = uuid.uuid4().hex[:8]
+    # The namespace is also the metrics' `run` label: unique per job, where two run directories may share a name.
+    run = namespace = job_namespace(run_label(run_dir, config.run.name), tag)
     job = Job(learners=[], explorers=[], placement=None, run=run, namespace=namespace,
               services=start_services(tag=tag, namespace=namespace))
     try:
@@ -149,7 +152,7 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str) -> Job:
                 name=actor_name("learner", rank), namespace=namespace, num_cpus=c.learner.num_cpus,
                 num_gpus=c.learner.num_gpus, scheduling_strategy=place(rank), max_concurrency=1,
             ).remote(config, run_dir, job.services, resume=resume, codec=c.codec, threads=c.learner.threads,
-                     scorers=job.scorers or None, rank=rank, world=c.learner.count)
+                     scorers=job.scorers or None, rank=rank, world=c.learner.count, run=run)
             for rank in range(c.learner.count)
         ]
         if c.learner.count > 1:
@@ -179,14 +182,26 @@ def new_explorer(job: Job, config: SolRLConfig, bundle: int | None) -> Any:
              scorers=job.scorers or None, prompt_source=config.prompts.source, index=index, run=job.run)
 
 
+def _missing_room(config: SolRLConfig) -> str:
+    """What one more explorer needs against what the cluster has free, for the log."""
+    e, free = config.cluster.explorers, ray.available_resources()
+    return (f"one needs CPU {e.num_cpus:g}, GPU {e.num_gpus:g}; the cluster has CPU {free.get('CPU', 0):g}, "
+            f"GPU {free.get('GPU', 0):g} free")
+
+
 def resize_explorers(job: Job, config: SolRLConfig, target: int, health: Health,
                      log: Callable[[str], None]) -> dict[str, int]:
-    """Move toward `target` explorers (`cluster.control`); call only while no slot is in flight. New ones
-    load in the background and join here once ready; removed ones (still loading ones first, then the
-    newest) stop now. Seeds are derived, so who explores a slot changes nothing."""
-    before = len(job.explorers)
-    for ref in ray.wait(list(job.joining), num_returns=len(job.joining), timeout=0)[0] if job.joining else []:
-        actor, bundle = job.joining.pop(ref)
+    """Move toward `target` explorers (`cluster.control`, at most `cluster.explorers.max`); call only while no
+    slot is in flight. New ones load in the background and join here once ready; one that is not placed and
+    loaded within `cluster.explorers.join_timeout_s` is stopped and reported with the missing resources (and
+    that target is not retried until the control file asks for another). Removed ones (still loading ones
+    first, then the newest) stop now. Seeds are derived, so who explores a slot changes nothing."""
+    before, e = len(job.explorers), config.cluster.explorers
+    if target != job.unplaced_at:
+        job.unplaced_at = None
+    ready = ray.wait(list(job.joining), num_returns=len(job.joining), timeout=0)[0] if job.joining else []
+    for ref in ready:
+        actor, bundle, _ = job.joining.pop(ref)
         try:
             ray.get(ref)
         except RayActorError as exc:  # it could not start: its bundle goes back, the next read retries
@@ -196,12 +211,24 @@ def resize_explorers(job: Job, config: SolRLConfig, target: int, health: Health,
             continue
         job.explorers.append(actor)
         job.bundles.append(bundle)
-    while len(job.explorers) + len(job.joining) < target:
+    now = time.monotonic()
+    for ref, (actor, bundle, since) in list(job.joining.items()):
+        if now - since > e.join_timeout_s:  # never placed (no room) or never loaded: not left "joining"
+            log(f"a new explorer was not placed and loaded within {e.join_timeout_s:g} s "
+                f"(cluster.explorers.join_timeout_s): {_missing_room(config)}; staying at "
+                f"{len(job.explorers) + len(job.joining) - 1} explorer(s) — add nodes, or ask for fewer")
+            del job.joining[ref]
+            ray.kill(actor, no_restart=True)
+            if bundle is not None:
+                job.free_bundles.append(bundle)
+            job.unplaced_at = target
+    wanted = len(job.explorers) + len(job.joining) if job.unplaced_at is not None else target
+    while len(job.explorers) + len(job.joining) < wanted:
         bundle = job.free_bundles.pop(0) if job.free_bundles else None
         actor = new_explorer(job, config, bundle)
-        job.joining[actor.pid.remote()] = (actor, bundle)
+        job.joining[actor.pid.remote()] = (actor, bundle, now)
     while job.joining and len(job.explorers) + len(job.joining) > target:
-        actor, bundle = job.joining.pop(next(reversed(job.joining)))
+        actor, bundle, _ = job.joining.pop(next(reversed(job.joining)))
         ray.kill(actor, no_restart=True)
         if bundle is not None:
             job.free_bundles.append(bundle)
@@ -318,7 +345,7 @@ def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str
     if evaluate_base and status["iteration"] == 0:
         e = config.eval
         log(f"evaluating the base model: {e.prompts} held-out prompts × {e.seeds_per_prompt} seeds, {e.steps} steps")
-        base = ray.get(job.learner.evaluate_base.remote())
+        base = on_learners(job.learners[:1], "evaluate_base")[0]  # rank 0 evaluates; its death is LearnerDied
         log("base model   held-out " + "  ".join(f"{k.removeprefix('eval_')} {v:.3f}" for k, v in base.items()))
     version, history = status["version"], []
     asynchronous, lag = config.cluster.mode == "async", config.cluster.max_policy_lag
@@ -330,17 +357,23 @@ def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str
     def prompts(iteration: int) -> list[str]:  # a pure function: no need to ask the (busy) learner
         return prompts_for(prompt_set, config.run.seed, iteration, config.prompts.per_iteration)
 
-    target, unreadable = config.cluster.explorers.count, None
+    target, unreadable, limit = config.cluster.explorers.count, None, config.cluster.explorers.limit
+    refused: int | None = None
 
     def steer() -> dict[str, int]:  # the control file, read while no slot is in flight
-        nonlocal target, unreadable
+        nonlocal target, unreadable, refused
         if run_dir is not None:
             try:
-                target = read_control(run_dir).explorers or target
+                asked = read_control(run_dir).explorers or target
             except ValueError as exc:
                 if str(exc) != unreadable:
                     log(f"ignoring the control file: {exc}")
-                unreadable = str(exc)
+                unreadable, asked = str(exc), target
+            if asked > limit and asked != refused:  # a file written by hand: cluster.control refuses this
+                log(f"the control file asks for {asked} explorers; the job has room for {limit} "
+                    f"(cluster.explorers.max): running {limit}; resume with --set cluster.explorers.max={asked}")
+            refused = asked if asked > limit else None
+            target = min(asked, limit)
         return resize_explorers(job, config, target, health, log)
 
     prefetched: tuple[dict, int] | None = None  # async: the next iteration's tasks and their version
@@ -396,7 +429,7 @@ def _loop(job: Job, config: SolRLConfig, run_dir: str | None, log: Callable[[str
 
 def stop(job: Job) -> None:
     """End the job's actors, its weight-sync services (their snapshots with them) and its placement."""
-    for actor in [*job.learners, *job.explorers, *(a for a, _ in job.joining.values()), *(job.scorers or [])]:
+    for actor in [*job.learners, *job.explorers, *(a for a, *_ in job.joining.values()), *(job.scorers or [])]:
         if actor is not None:
             ray.kill(actor, no_restart=True)
     if job.services:  # after their readers and writer: each unlinks its shared-memory region now

@@ -10,9 +10,15 @@ it starts a local Ray (its own temporary folder, removed after a clean run, and 
 or SIGTERM) whose logical GPUs stand in for missing ones. Every input is checked before Ray starts:
 a bad one is one line on stderr and exit code 2, and leaves no run directory. The run directory
 (absolute; inside a Ray job it must be given absolute or under `run.root`) gets the resolved
-config.yaml (written once the run has started) and launches.jsonl (every start and resume with its
-overrides), metrics.jsonl, checkpoints (the last two), the final weights in final/ (a diffusers
-transformer folder, its LoRA), a sample grid and a reward curve (PNG), and summary.json.
+config.yaml (a fresh run's before Ray starts; a resume's once it has started, so a failed resume never
+changes it) and launches.jsonl (every start and resume with its overrides), metrics.jsonl, checkpoints
+(the last two), the final weights in final/ (a diffusers transformer folder, its LoRA), a sample grid
+and a reward curve (PNG), and summary.json.
+
+Operating it: one job per run directory (`cluster.run_lock`: a second launcher is refused, naming the
+holder); a run that ended before its first checkpoint starts again from iteration 0 on `--resume`; every
+way a job can end but success — a failed actor or write, Ctrl-C, SIGTERM — ends with a line saying where
+the run stopped and the command that continues it (exit 1, or 128 + the signal).
 """
 
 from __future__ import annotations
@@ -21,25 +27,31 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from actors.identity import job_name, run_label
+from cluster import run_lock
 from cluster.check import format_rows, run_checks
-from cluster.config import ConfigError, SolRLConfig, load_config
+from cluster.config import ConfigError, SolRLConfig, load_config, one_line
 from cluster.local_ray import LocalRay, reap_orphans
 from cluster.preflight import check_inputs
 from cluster.run_costs import measured_costs
+from cluster.run_lock import RunLocked
 
 SEEDS_PER_PROMPT = 6
 # Ray sets this in the entrypoint of `ray job submit`, whose current directory is a temporary copy.
 IN_RAY_JOB = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 CHECKPOINT = "checkpoint"
+MIN_FREE_BYTES = 64 * 2**20  # below this a run cannot write its first checkpoint; checked before Ray starts
 
 
 @dataclass
@@ -51,6 +63,7 @@ class Plan:
     resume: bool | str = False  # False; or the checkpoint folder to continue from
     notes: list[str] = field(default_factory=list)
     complete: bool = False  # a finished run: nothing to do
+    restart: bool = False  # a run that never reached a checkpoint: --resume starts it again from iteration 0
 
 
 def run_directory(given: str | None, config: SolRLConfig) -> Path:
@@ -72,6 +85,25 @@ def run_directory(given: str | None, config: SolRLConfig) -> Path:
     return (Path.cwd() / (path if given else Path("runs") / path)).resolve()
 
 
+def _has_checkpoint(folder: Path) -> bool:
+    """Anything a resume could start from: the folder, or the complete `.tmp` of an interrupted rotation."""
+    return folder.exists() or folder.with_name(folder.name + ".tmp").exists()
+
+
+def _learner_count_note(meta: dict, config: SolRLConfig, overrides: list[str]) -> str | None:
+    """A resume with another learner-group size L: refused unless asked for with --set, then said plainly.
+    The micro-batch partition changes with L, so the continuation is not the run either L would have made."""
+    saved, now = meta.get("extra", {}).get("learners"), config.cluster.learner.count
+    if saved is None or saved == now:
+        return None
+    if not any(o.split("=", 1)[0].strip() == "cluster.learner.count" for o in overrides):
+        raise ConfigError(f"the checkpoint was trained by {saved} learner rank(s), the config asks for {now}: a "
+                          f"change of cluster.learner.count must be given with --set cluster.learner.count={now}")
+    return (f"cluster.learner.count {saved} → {now}: the continuation is not the same run (each rank's micro-"
+            "batches change with the group size, so the weights follow neither an undisturbed L = "
+            f"{saved} nor an L = {now} run beyond float rounding per step)")
+
+
 def _resume_plan(args: argparse.Namespace) -> Plan:
     from learner.checkpoint import CorruptCheckpoint, previous_checkpoint, verify_checkpoint
 
@@ -81,14 +113,21 @@ def _resume_plan(args: argparse.Namespace) -> Plan:
     run_dir = given.resolve()
     saved = run_dir / "config.yaml"
     if not saved.is_file():
-        raise ConfigError(f"--resume {given}: no config.yaml there (not a run directory of this tool, or its first "
-                          "start failed before training began)")
+        raise ConfigError(f"--resume {given}: no config.yaml there (not a run directory of this tool); start a "
+                          f"run there with --run-dir {given}")
     config = load_config(saved, args.set)
+    check_run_directory(run_dir)
     folder = run_dir / CHECKPOINT
     if args.checkpoint == "previous":
         folder = previous_checkpoint(folder)
-    if not folder.exists() and not folder.with_name(folder.name + ".tmp").exists():
-        raise ConfigError(f"--resume {given}: no checkpoint {folder.name}/ to resume from yet")
+        if not _has_checkpoint(folder):
+            raise ConfigError(f"--resume {given} --checkpoint previous: there is no {folder.name}/ (a run keeps the "
+                              "one before the last once it has written two); resume without --checkpoint")
+    if not _has_checkpoint(folder):  # it died before its first checkpoint: start it again, history kept
+        plan = Plan(config, run_dir, notes=check_inputs(config), restart=True)
+        plan.notes.append(f"{run_dir} has no checkpoint yet (its last start ended before the first one): starting "
+                          "it again from iteration 0; launches.jsonl keeps the earlier attempts")
+        return plan
     try:
         meta = verify_checkpoint(folder)
     except CorruptCheckpoint as exc:
@@ -98,6 +137,9 @@ def _resume_plan(args: argparse.Namespace) -> Plan:
     except FileNotFoundError as exc:
         raise ConfigError(f"--resume {given}: {exc}") from None
     plan = Plan(config, run_dir, resume=str(folder), notes=check_inputs(config))
+    note = _learner_count_note(meta, config, args.set)
+    if note is not None:
+        plan.notes.append(note)
     done = int(meta["iteration"])
     if done >= config.run.iterations and (run_dir / "summary.json").is_file():
         plan.complete = True
@@ -114,10 +156,38 @@ def resolve(args: argparse.Namespace) -> Plan:
     config = load_config(args.config, args.set)
     notes = check_inputs(config)
     run_dir = run_directory(args.run_dir, config)
-    if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists():
+    check_run_directory(run_dir)
+    if holds_a_run(run_dir):
         raise ConfigError(f"--run-dir {run_dir} already holds a run: continue it with --resume {run_dir} "
                           "or choose another directory")
     return Plan(config, run_dir, notes=notes)
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    return (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists()
+
+
+def check_run_directory(run_dir: Path) -> None:
+    """What would fail on the run directory's first write, found before Ray starts: a file in its place,
+    a folder that cannot be written (a read-only file system; permissions), a disk with no room left."""
+    existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), None)
+    if existing is None:
+        raise ConfigError(f"run directory {run_dir}: no parent folder of it exists")
+    if not existing.is_dir():
+        raise ConfigError(f"run directory {run_dir}: {existing} is a file, not a folder; choose another --run-dir "
+                          "(or move the file away)")
+    try:  # a probe, not os.access: root passes access() on a read-only file system
+        fd, probe = tempfile.mkstemp(prefix=".solrl-write-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"run directory {run_dir}: cannot write in {existing} ({exc.strerror}); choose a "
+                          "writable --run-dir (or run.root)") from None
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        raise ConfigError(f"run directory {run_dir}: its disk has {free / 2**20:.0f} MiB free, less than the "
+                          f"{MIN_FREE_BYTES / 2**20:.0f} MiB a run needs to start; free some space or choose another "
+                          "--run-dir")
 
 
 def ray_job_id() -> str | None:
@@ -140,12 +210,20 @@ def connect(config: SolRLConfig, run_dir: Path) -> LocalRay | None:
     if address:  # a job's runtime env (cluster/runtime_env.yaml) already applies; Ray refuses a second one
         ray.init(address=address, log_to_driver=True)
         return None
-    c = config.cluster  # logical resources: every bundle fits, whatever this machine has (scorers included)
     metadata = {"job_name": job_name(run_label(str(run_dir), config.run.name)), "run_name": config.run.name,
                 "run_dir": str(run_dir)}
-    return LocalRay.start(num_cpus=max(2, math.ceil(c.total("CPU"))), num_gpus=math.ceil(c.total("GPU")),
-                          runtime_env=env, dashboard_host="127.0.0.1", log_to_driver=True,
-                          job_config=JobConfig(metadata=metadata))
+    cpus, gpus = local_resources(config)
+    return LocalRay.start(run_dir, num_cpus=cpus, num_gpus=gpus, runtime_env=env, dashboard_host="127.0.0.1",
+                          log_to_driver=True, job_config=JobConfig(metadata=metadata))
+
+
+def local_resources(config: SolRLConfig) -> tuple[int, int]:
+    """A local Ray's logical CPUs and GPUs: every bundle fits, whatever this machine has (scorers included),
+    and so do the explorers `cluster.control` may add, up to `cluster.explorers.max`."""
+    c = config.cluster
+    extra = c.explorers.limit - c.explorers.count
+    return (max(2, math.ceil(c.total("CPU") + extra * c.explorers.num_cpus)),
+            math.ceil(c.total("GPU") + extra * c.explorers.num_gpus))
 
 
 def show_dashboards(job) -> None:
@@ -166,13 +244,18 @@ def show_dashboards(job) -> None:
         print(f"note: the Grafana dashboard was not installed ({exc}); import cluster/dashboards/*.json by hand")
 
 
-def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, iteration: int,
-                  namespace: str | None = None) -> None:
-    """Once the run has started: the resolved config, and one line of launches.jsonl (its overrides)."""
+def write_config(run_dir: Path, config: SolRLConfig) -> None:
+    """The resolved config.yaml, atomically."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / "config.yaml.tmp"
     tmp.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     tmp.replace(run_dir / "config.yaml")
+
+
+def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, iteration: int,
+                  namespace: str | None = None) -> None:
+    """Once the run has started: the resolved config, and one line of launches.jsonl (its overrides)."""
+    write_config(run_dir, config)
     line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": args.resume is not None,
             "checkpoint": args.checkpoint if args.resume is not None else None, "config": args.config,
             "overrides": list(args.set), "from_iteration": iteration, "to_iteration": config.run.iterations,
@@ -207,8 +290,46 @@ def finish(config: SolRLConfig, run_dir: Path, job) -> dict:
     return summary
 
 
-def _terminate(signum: int, _frame) -> None:
-    raise SystemExit(128 + signum)  # unwinds through `finally`, which shuts the local Ray down
+def continue_command(run_dir: Path) -> str:
+    return f"python -m cluster.launch --resume {run_dir}"
+
+
+def checkpoint_iteration(run_dir: Path) -> int | None:
+    """The iteration of the run's last complete checkpoint, read from its meta.json (None: there is none)."""
+    try:
+        return int(json.loads((run_dir / CHECKPOINT / "meta.json").read_text())["iteration"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def where_it_stopped(run_dir: Path, iteration: int | None, total: int) -> str:
+    done = checkpoint_iteration(run_dir)
+    at = "before training began" if iteration is None else f"at iteration {iteration} of {total}"
+    since = "from iteration 0 (no checkpoint yet)" if done is None else f"from the checkpoint of iteration {done}"
+    return f"{at}; continue {since} with: {continue_command(run_dir)}"
+
+
+class Interrupted(SystemExit):
+    """Ctrl-C or SIGTERM: unwinds through `finally`, which shuts the local Ray down."""
+
+
+@dataclass
+class Signals:
+    """The launcher's SIGINT/SIGTERM handling: the first signal interrupts the run (exit 128 + signal); any
+    later one, while the launcher stops its local Ray, is acknowledged and lets that finish."""
+
+    received: int | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self.handle)
+        signal.signal(signal.SIGINT, self.handle)
+
+    def handle(self, signum: int, _frame) -> None:
+        if self.received is not None:
+            print(f"{signal.Signals(signum).name} again: still stopping the local Ray, a moment", file=sys.stderr)
+            return
+        self.received = signum
+        raise Interrupted(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,42 +342,73 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --resume: the checkpoint to continue from (the last two are kept)")
     parser.add_argument("--keep-ray-logs", action="store_true", help="keep a local Ray's folder after a clean run")
     args = parser.parse_args(argv)
-    for note in reap_orphans():
-        print(f"note: {note}")
     try:
         plan = resolve(args)  # every user error surfaces here, before Ray starts and before any file is written
     except ConfigError as exc:
+        _reap(Path(args.resume or args.run_dir or "runs/x").resolve())
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    _reap(plan.run_dir)
     for note in plan.notes:
         print(f"note: {note}")
     if plan.complete:
         return 0
-    config, run_dir = plan.config, plan.run_dir
-    rows = run_checks(config)  # the preflight of `python -m cluster.check`: backend, layer plan, memory
+    rows = run_checks(plan.config)  # the preflight of `python -m cluster.check`: backend, layer plan, memory
     print(format_rows(rows))
     if any(row.ok is False for row in rows):
         print("error: a check failed (above); nothing was started", file=sys.stderr)
         return 2
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = run_lock.acquire(plan.run_dir, ray_job_id())
+    except RunLocked as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if not plan.resume and not plan.restart and holds_a_run(plan.run_dir):  # started while we checked
+            print(f"error: --run-dir {plan.run_dir} already holds a run: continue it with --resume {plan.run_dir}",
+                  file=sys.stderr)
+            return 2
+        return _run(args, plan)
+    finally:
+        lock.release()
 
+
+def _reap(run_dir: Path) -> None:
+    for note in reap_orphans(run_dir):
+        print(f"note: {note}")
+
+
+def _run(args: argparse.Namespace, plan: Plan) -> int:
+    """The job, under the run directory's lock: every way it can end prints how to continue."""
     from cluster import driver
     from cluster.learner_group import JobFailed
+    from learner.run_log import truncate_metrics
 
+    config, run_dir = plan.config, plan.run_dir
+    if plan.restart:  # what an attempt that never reached a checkpoint logged is redone
+        truncate_metrics(run_dir / "metrics.jsonl", 0)
+    if not plan.resume:  # at once, so a start that dies before training can be resumed (it restarts)
+        write_config(run_dir, config)
     print(f"run directory: {run_dir}  ({config.cluster.explorers.count} explorer(s), {config.cluster.mode} mode)")
-    local, clean = connect(config, run_dir), False
-    # After ray.init, whose native handler would otherwise end the process on SIGTERM without unwinding.
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGINT, _terminate)
+    signals, local, clean = Signals(), None, False
+    position: dict[str, int | None] = {"iteration": None}
+    signals.install()
 
     def started(job, status: dict) -> None:
+        position["iteration"] = status["iteration"]
         record_launch(run_dir, config, args, status["iteration"], job.namespace)
         if local is not None:
             local.record()  # now with the actors' processes
         show_dashboards(job)
 
+    def advanced(_job, metrics: dict) -> None:
+        position["iteration"] = metrics["iteration"] + 1
+
     try:
-        job, _ = driver.run(config, str(run_dir), resume=plan.resume, evaluate_base=True, on_start=started)
+        local = connect(config, run_dir)
+        signals.install()  # again after ray.init, whose native handler would end the process without unwinding
+        job, _ = driver.run(config, str(run_dir), resume=plan.resume, evaluate_base=True, on_start=started,
+                            on_iteration=advanced)
         summary = finish(config, run_dir, job)
         driver.stop(job)
         print(json.dumps(summary, indent=2))
@@ -268,17 +420,30 @@ def main(argv: list[str] | None = None) -> int:
             print(line)  # accuracy: only rewards that report one (the digit classifier alone)
         print(f"run directory: {run_dir}")
         clean = True
+        return 0
+    except (Interrupted, KeyboardInterrupt) as exc:
+        signum = signals.received or signal.SIGINT  # KeyboardInterrupt: Ctrl-C before our handler was in place
+        signals.received = signum
+        print(f"interrupted by {signal.Signals(signum).name} "
+              f"{where_it_stopped(run_dir, position['iteration'], config.run.iterations)}", file=sys.stderr)
+        return exc.code if isinstance(exc, Interrupted) else 128 + signum
     except JobFailed as exc:
-        print(f"error: {exc}. Fix the cause, then continue with: python -m cluster.launch --resume {run_dir}",
+        print(f"error: {exc}. Fix the cause; the run stopped "
+              f"{where_it_stopped(run_dir, position['iteration'], config.run.iterations)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # an actor died, a write failed, …: the details above, how to go on last
+        traceback.print_exc()
+        print(f"error: {type(exc).__name__}: {one_line(str(exc).strip().splitlines()[0] if str(exc).strip() else '')}"
+              f" — the run stopped {where_it_stopped(run_dir, position['iteration'], config.run.iterations)}",
               file=sys.stderr)
         return 1
     finally:
+        signals.received = signals.received or signal.SIGINT  # from here on a signal only acknowledges
         if local is not None:
             local.stop(remove=clean and not args.keep_ray_logs)
             if not clean or args.keep_ray_logs:
                 print(f"local Ray's logs: {local.folder}/session_latest/logs (remove {local.folder} when done)",
                       file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,13 +3,16 @@
 `ray.init()` without an address starts a head (GCS, raylet, dashboard, agents) that shares the
 launcher's fate only in part: killed with SIGKILL, the launcher leaves the dashboard agent (holding
 port 52365) and the runtime-env agent running — measured on Ray 2.60, still alive a minute later.
-So each local Ray lives in `/tmp/solrl-ray-*` with `launcher.json` (who started it) and
-`processes.json` (its processes), and every launch first stops the processes of launchers that are
-gone. A clean run removes its folder; a failed one keeps it for its logs.
+So each local Ray lives in `/tmp/solrl-ray-*` with `launcher.json` (who started it: pid and start time,
+user, run directory) and `processes.json` (its processes), and every launch first stops the processes
+of launchers that are gone — only those of the same user whose run directory lies in the same run root
+(the same parent folder), so one operator's launch never touches another's leftovers. A clean run
+removes its folder; a failed one keeps it for its logs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -43,11 +46,13 @@ class LocalRay:
     folder: Path
 
     @classmethod
-    def start(cls, **init_kwargs) -> LocalRay:
+    def start(cls, run_dir: Path, **init_kwargs) -> LocalRay:
         import ray
 
         folder = Path(tempfile.mkdtemp(prefix=Path(PREFIX).name, dir=Path(PREFIX).parent))
-        (folder / "launcher.json").write_text(json.dumps(_identity(psutil.Process())))
+        pid, created = _identity(psutil.Process())
+        (folder / "launcher.json").write_text(json.dumps(
+            {"pid": pid, "created": created, "uid": os.getuid(), "run_dir": str(run_dir)}))
         ray.init(_temp_dir=str(folder), **init_kwargs)
         local = cls(folder)
         local.record()
@@ -70,35 +75,59 @@ class LocalRay:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _stop_recorded(folder: Path) -> int:
+def _signal(process: psutil.Process, how: str) -> None:
+    with contextlib.suppress(psutil.NoSuchProcess):  # it ended on its own since the check: nothing to do
+        getattr(process, how)()
+
+
+def _stop_recorded(folder: Path) -> list[str]:
+    """Stop the folder's recorded processes that are still alive; their names."""
     try:
         recorded = json.loads((folder / "processes.json").read_text())
     except (OSError, ValueError):
-        return 0
+        return []
     survivors = [p for p in (_alive(pid, created) for pid, created in recorded) if p is not None]
+    names = []
     for process in survivors:
-        process.terminate()
+        try:
+            names.append(process.name())
+        except psutil.Error:
+            names.append(str(process.pid))
+        _signal(process, "terminate")
     _, still = psutil.wait_procs(survivors, timeout=5)
     for process in still:
-        process.kill()
-    return len(survivors)
+        _signal(process, "kill")
+    return names
 
 
-def reap_orphans() -> list[str]:
+def _launcher(folder: Path) -> dict | None:
+    """launcher.json of a local Ray folder (None: unreadable, or written by an older launcher, which
+    recorded no owner and so is not ours to judge)."""
+    try:
+        launcher = json.loads((folder / "launcher.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return launcher if isinstance(launcher, dict) and {"pid", "created", "uid", "run_dir"} <= launcher.keys() \
+        else None
+
+
+def reap_orphans(run_dir: Path) -> list[str]:
     """Stop the processes of local Rays whose launcher is gone (killed with SIGKILL, or a crashed
-    machine session); their folders stay for their logs. One line per folder, for the log."""
-    notes = []
+    machine session) — launchers of this user whose run directory was `run_dir` or beside it (the same
+    run root); their folders stay for their logs. One line per folder, naming what was stopped."""
+    notes, root = [], Path(run_dir).parent
     for name in sorted(glob.glob(PREFIX + "*")):
         folder = Path(name)
-        try:
-            pid, created = json.loads((folder / "launcher.json").read_text())
-        except (OSError, ValueError):
+        launcher = _launcher(folder)
+        if launcher is None or launcher["uid"] != os.getuid() or Path(launcher["run_dir"]).parent != root:
             continue
-        if _alive(pid, created) is not None or pid == os.getpid():
+        pid = launcher["pid"]
+        if _alive(pid, launcher["created"]) is not None or pid == os.getpid():
             continue
         stopped = _stop_recorded(folder)
         (folder / "processes.json").unlink(missing_ok=True)
         if stopped:
-            notes.append(f"stopped {stopped} Ray process(es) left by launcher {pid}, which was killed; "
-                         f"its logs: {folder} (remove it when done)")
+            notes.append(f"stopped {len(stopped)} Ray process(es) ({', '.join(sorted(set(stopped)))}) left by "
+                         f"launcher {pid} of {launcher['run_dir']}, which was killed; its logs: {folder} "
+                         "(remove it when done)")
     return notes

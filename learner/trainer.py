@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from diffusion.noise import Stream, candidate_seeds, lora_init_seed, stream_gene
 from diffusion.progress import Progress
 from diffusion.prompts import load_prompt_set
 from learner.algorithms import ALGORITHMS
-from learner.checkpoint import check_finite, load_checkpoint, save_checkpoint, write_safetensors
+from learner.checkpoint import check_finite, load_checkpoint, save_checkpoint, write_safetensors, written_into
 from learner.config import TrainerConfig
 from learner.data_parallel import ALONE, Shard
 from learner.evaluation import evaluate, grid_samples, sample_grid
@@ -347,7 +348,8 @@ class Trainer:
     def checkpoint(self) -> None:
         if self.run_dir is not None:
             save_checkpoint(self.run_dir / "checkpoint", self.state, iteration=self.iteration,
-                            extra={"version": self.version, "counters": self.counters})
+                            extra={"version": self.version, "counters": self.counters,
+                                   "learners": self.shard.world})  # L: a resume with another L is another run
 
     def resume(self, checkpoint: str | Path | None = None) -> None:
         """Continue from run_dir/checkpoint (or the folder given): bitwise the same continuation as not
@@ -369,19 +371,35 @@ class Trainer:
         its EMA when kept — merged, loadable with the family's `from_pretrained`), `lora/` (that policy's
         adapter in diffusers' format, LoRA runs), `sampling_transformer.safetensors` (θ_old), `run.json`
         (iteration, policy version) and the run's `config.json`. Raises
-        `learner.checkpoint.NonFiniteWeights`, writing nothing, when a weight is NaN or ±inf."""
+        `learner.checkpoint.NonFiniteWeights`, writing nothing, when a weight is NaN or ±inf.
+
+        Written into the sibling `<folder>.tmp` and renamed into place, replacing an earlier `folder`: a
+        write the disk refuses removes `<folder>.tmp` and raises `learner.checkpoint.CheckpointWriteFailed`
+        (one line), leaving `folder` as it was — never a half-written one."""
         evaluated, old = merged_weights(self.state, "ema"), self.state.merged_weights("old")
         check_finite(evaluated, f"save_final: refusing to write non-finite weights to {folder / TRANSFORMER_DIR}")
         check_finite(old, f"save_final: refusing to write non-finite weights to {folder / SAMPLING_FILE}")
-        folder.mkdir(parents=True, exist_ok=True)
-        files = {"transformer": str(save_transformer(self.state, evaluated, folder / TRANSFORMER_DIR))}
+        tmp, discard = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".discard")
+        for stale in (tmp, discard):  # what a killed save left
+            shutil.rmtree(stale, ignore_errors=True)
+        kept = f"the earlier {folder} is intact" if folder.exists() else f"there is no {folder}"
+        with written_into(tmp, folder, "the final weights", kept):
+            tmp.mkdir(parents=True)
+            save_transformer(self.state, evaluated, tmp / TRANSFORMER_DIR)
+            if self.state.mode == "lora":
+                save_lora(self.state, "ema", self.config.model.folder(), tmp / LORA_DIR)
+            write_safetensors(tmp / SAMPLING_FILE, old, {"iteration": self.iteration, "policy_version": self.version})
+            (tmp / "run.json").write_text(json.dumps({"iteration": self.iteration, "policy_version": self.version,
+                                                      "policy": "ema" if self.state.ema else "theta"}) + "\n")
+            (tmp / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
+        if folder.exists():
+            folder.rename(discard)
+        tmp.rename(folder)
+        shutil.rmtree(discard, ignore_errors=True)
+        files = {"transformer": str(folder / TRANSFORMER_DIR)}
         if self.state.mode == "lora":
-            files["lora"] = str(save_lora(self.state, "ema", self.config.model.folder(), folder / LORA_DIR))
-        write_safetensors(folder / SAMPLING_FILE, old, {"iteration": self.iteration, "policy_version": self.version})
+            files["lora"] = str(folder / LORA_DIR)
         files["sampling"] = str(folder / SAMPLING_FILE)
-        (folder / "run.json").write_text(json.dumps({"iteration": self.iteration, "policy_version": self.version,
-                                                     "policy": "ema" if self.state.ema else "theta"}) + "\n")
-        (folder / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         return files
 
 def rank_fidelity(groups: list[Group]) -> dict[str, float]:

@@ -12,7 +12,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 
-
 torch.set_num_threads(2)
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 import ray
@@ -277,7 +278,7 @@ def test_nan_reward_and_nan_loss_skip_the_update_and_publish_nothing(local_ray, 
 def test_explorers_added_and_removed_while_the_job_runs_change_nothing(local_ray, tmp_path):
     """The control file asks for 2 explorers before iteration 0 (the new one loads meanwhile and joins at
     iteration 1), then for 1 again before iteration 2: the weights are those of the single process."""
-    cfg, run_dir = config("run.iterations=3"), tmp_path / "elastic"
+    cfg, run_dir = config("run.iterations=3", "cluster.explorers.max=2"), tmp_path / "elastic"
     seen: dict[int, int] = {}
 
     def grow(job, _status) -> None:
@@ -290,10 +291,31 @@ def test_explorers_added_and_removed_while_the_job_runs_change_nothing(local_ray
             seen[1] = ray.get(job.explorers[1].pid.remote())
             control.write_control(run_dir, explorers=1)
 
-    run_dir.mkdir()
+    launch.write_config(run_dir, cfg)  # what the launcher leaves: cluster.control reads the job's room from it
     weights, history = run_job(cfg, run_dir, on_start=grow, on_iteration=steer)
     assert [m["explorers"] for m in history] == [1, 2, 1]
     assert [m["explorers_joining"] for m in history] == [1, 0, 0]
     assert_same(weights, single_process(cfg))
     assert seen[1] > 0
+
+
+def test_an_explorer_that_finds_no_room_is_reported_and_dropped_not_left_joining(local_ray, tmp_path):
+    """The local Ray of these tests has 2 CPUs; the job's bundles take them all, so a third explorer can never
+    be placed: after cluster.explorers.join_timeout_s the log names what it lacked, and the job goes on."""
+    cfg = config("run.iterations=3", "cluster.explorers.max=2", "cluster.explorers.num_cpus=1.5",
+                 "cluster.explorers.join_timeout_s=1")
+    run_dir, logged = tmp_path / "crowded", []
+    launch.write_config(run_dir, cfg)
+    control.write_control(run_dir, explorers=2)
+
+    def wait_past_the_deadline(job, metrics) -> None:
+        if metrics["iteration"] == 0:
+            time.sleep(1.5)
+
+    job, history = driver.run(cfg, str(run_dir), log=logged.append, on_iteration=wait_past_the_deadline)
+    driver.stop(job)
+    assert [(m["explorers"], m["explorers_joining"]) for m in history] == [(1, 1), (1, 0), (1, 0)]
+    reports = [line for line in logged if "was not placed and loaded within 1 s" in line]
+    assert len(reports) == 1, logged  # reported once; the same target is not retried
+    assert "one needs CPU 1.5, GPU 0; the cluster has CPU " in reports[0] and "staying at 1 explorer(s)" in reports[0]
 
