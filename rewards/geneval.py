@@ -138,7 +138,7 @@ NO_DETECTOR = (
     "(mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco, mmdetection 2.x on mmcv-full 1.7) with CLIP ViT-L-14 "
     "(open_clip, 'openai' weights) for colours. It runs on a CUDA machine with a Python and PyTorch that mmcv "
     "has wheels for (GenEval: Python 3.9, torch 1.12.1+cu113, mmcv-full 1.7.1; Flow-GRPO's reward server: "
-    "Python 3.10, torch 2.1.2+cu121) — not in this project's environment (Python 3.11, torch 2.13), for "
+    "Python 3.10, torch 2.1.2+cu121) — not in this project's environment (Python 3.11, torch 2.14), for "
     "which mmcv has no wheel and its source build fails. Install it there, wrap it as a "
     "rewards.geneval.Detector, register it with @register_detector(NAME) and build geneval with "
     "detector=NAME (or pass the detector object)"
