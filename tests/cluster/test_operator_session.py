@@ -45,6 +45,15 @@ def test_one_job_per_run_directory_elastic_explorers_ctrl_c_twice_and_a_resume_w
     # checkpoint_every=0: the only checkpoint is the last iteration's, so an interrupted run has none
     job = cli("cluster.launch", "--run-dir", str(run_dir), *sets(*tiny_sets(
         "run.iterations=200", "run.checkpoint_every=0", "cluster.explorers.max=2", ray=True)))
+    try:
+        session(job, run_dir)
+    finally:  # a failed assertion must not leave a 200-iteration job (and its local Ray) running
+        if job.poll() is None:
+            job.terminate()
+            job.communicate(timeout=120)
+
+
+def session(job: subprocess.Popen, run_dir: Path) -> None:
     lines: list[str] = []
     read_until(job, lambda line: line.startswith("iteration "), lines)
 
