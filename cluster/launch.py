@@ -46,6 +46,7 @@ from cluster.local_ray import LocalRay, reap_orphans
 from cluster.preflight import check_inputs
 from cluster.run_costs import measured_costs
 from cluster.run_lock import RunLocked
+from learner.checkpoint import checkpoint_iteration
 
 SEEDS_PER_PROMPT = 6
 # Ray sets this in the entrypoint of `ray job submit`, whose current directory is a temporary copy.
@@ -294,16 +295,8 @@ def continue_command(run_dir: Path) -> str:
     return f"python -m cluster.launch --resume {run_dir}"
 
 
-def checkpoint_iteration(run_dir: Path) -> int | None:
-    """The iteration of the run's last complete checkpoint, read from its meta.json (None: there is none)."""
-    try:
-        return int(json.loads((run_dir / CHECKPOINT / "meta.json").read_text())["iteration"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def where_it_stopped(run_dir: Path, iteration: int | None, total: int) -> str:
-    done = checkpoint_iteration(run_dir)
+    done = checkpoint_iteration(run_dir / CHECKPOINT)
     at = "before training began" if iteration is None else f"at iteration {iteration} of {total}"
     since = "from iteration 0 (no checkpoint yet)" if done is None else f"from the checkpoint of iteration {done}"
     return f"{at}; continue {since} with: {continue_command(run_dir)}"

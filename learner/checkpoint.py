@@ -192,13 +192,21 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
     return final
 
 
+def checkpoint_iteration(folder: str | os.PathLike) -> int | None:
+    """The iteration a checkpoint folder's meta.json names, read without verifying anything (None: no
+    readable meta.json): for messages, never for loading."""
+    try:
+        return int(json.loads((Path(folder) / "meta.json").read_text())["iteration"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _kept_checkpoint(final: Path) -> str:
     """What a failed save leaves in use: the checkpoint `final` holds now (its iteration), if any."""
     if not (final / "meta.json").is_file():
         return "there is no earlier checkpoint"
-    try:
-        iteration = json.loads((final / "meta.json").read_text())["iteration"]
-    except (OSError, ValueError, KeyError, TypeError):
+    iteration = checkpoint_iteration(final)
+    if iteration is None:
         return f"the previous checkpoint {final} is unchanged"
     return f"the previous checkpoint {final} (iteration {iteration}) is intact"
 
