@@ -30,7 +30,7 @@ demo: $(STAMP)
 
 # The same loop in one process, with a rank-fidelity table first.
 demo-local: $(STAMP)
-	$(PY) -m cluster.demo --config configs/embedded.yaml
+	$(PY) -m bench.demo --config configs/embedded.yaml
 
 test: $(STAMP)
 	# pytest exits 5 when it collects no tests: that is a failure here too.

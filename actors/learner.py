@@ -1,10 +1,11 @@
-"""Learner actor: the single-process trainer core behind a Ray handle, publishing through weight sync.
+"""Learner actor: the learner's parts (`learner.trainer.Trainer`) behind a Ray handle, publishing through
+weight sync.
 
 The driver calls, per iteration: `regenerate(iteration, group)` for each ranked group as it arrives
 (streamed: select and regenerate that slot while the other slots are still explored), `train(iteration,
-groups)` (any slot not streamed yet, then advantages → update → soft-update, all `Trainer`'s), `publish()`
-(the sampling policy to every node's WeightSyncService) and `finish_iteration(metrics)` (evaluation, log,
-checkpoint, dashboard metrics).
+groups)` (any slot not streamed yet, then the update: a `TrainResult`), `publish()` (the sampling policy
+to every node's WeightSyncService), `finish_iteration()` (the evaluation when due) and, once it has
+written the iteration's record, `checkpoint()`.
 
 Two concurrency groups: the default one runs those calls one at a time, in the order the driver sent
 them (they share the model); "sync" serves the weight-sync services' `snapshot` pulls (and republishing)
@@ -13,8 +14,8 @@ while a long `train` runs.
 A learner group (`cluster.learner.count` = L) is L of these actors, one per GPU, joined in one
 `torch.distributed` process group (`learner.data_parallel`): the driver sends `start`, `train`,
 `publish` and `finish_iteration` to every rank and each slot's `regenerate` to the rank that owns it.
-Only rank 0 evaluates, logs, checkpoints and publishes to the weight-sync services; every rank resumes
-from rank 0's checkpoint (the run directory must be on storage every learner node reads).
+Only rank 0 evaluates, checkpoints and publishes to the weight-sync services; every rank resumes from
+rank 0's checkpoint (the run directory must be on storage every learner node reads).
 """
 
 from __future__ import annotations
@@ -28,21 +29,15 @@ import ray
 import torch
 
 from actors.identity import actor_name
-from actors.metrics import LearnerMetrics
 from actors.reward_scorer import RemoteReward
 from diffusion.explore import ExplorePlan
 from learner import data_parallel
 from learner.data_parallel import Shard
-from learner.rollouts import Group, RankedGroup
+from learner.experiment_log import GridSamples
+from learner.iteration_record import Finished, Published, TrainResult
+from learner.rollouts import RankedGroup
 from learner.trainer import Trainer
 from weight_sync.publisher import WeightPublisher
-
-
-def same_group(a: RankedGroup, b: RankedGroup) -> bool:
-    """The same ranked group: a streamed rollout serves `train` only for exactly the group it was made from
-    (async mode may replace a stale group by one explored again)."""
-    return (a.iteration, a.slot, a.policy_version, a.seeds) == (b.iteration, b.slot, b.policy_version, b.seeds) \
-        and torch.equal(a.proxy, b.proxy)
 
 
 def codec_for(plan: ExplorePlan, requested: str) -> str:
@@ -55,11 +50,11 @@ def codec_for(plan: ExplorePlan, requested: str) -> str:
 class Learner:
     def __init__(self, config, run_dir: str | None, services: dict[str, Any], *, resume: bool | str = False,
                  codec: str = "auto", threads: int = 1, scorers: list | None = None, rank: int = 0,
-                 world: int = 1, run: str = "") -> None:
+                 world: int = 1) -> None:
         """`services`: node id → that node's WeightSyncService (this job's own); `scorers`: RewardScorer
         actors that hold the reward models (None: the trainer loads them here); `rank` of `world`: this
-        actor's place in the learner group (the driver then calls `join` on every rank); `run`: the `run`
-        label of its metrics, the job's namespace (`actors.identity`), as the explorers' and scorers'."""
+        actor's place in the learner group (the driver then calls `join` on every rank). The run's
+        dashboard series are the driver's (`learner.run_log.RunLog`)."""
         torch.set_num_threads(threads)
         self.name = actor_name("learner", rank)
         self.shard = Shard(rank, world)
@@ -73,12 +68,8 @@ class Learner:
         if resume is True and not self.shard.main:  # every rank reads rank 0's checkpoint
             resume = str(Path(run_dir) / "checkpoint")
         self._resume = resume
-        self.metrics = LearnerMetrics(run, config.run.iterations) if self.shard.main else None
         self._last_end: float | None = None
-        self._start = self._idle = 0.0
-        self._streamed: dict[int, tuple[RankedGroup, Group]] = {}  # slot → (its ranked group, its rollout)
-        self._streamed_s = 0.0
-        self._streamed_order: list[int] = []
+        self._busy_since = self._idle = 0.0
 
     def __repr__(self) -> str:  # Ray's log prefix and the dashboard's name for it
         return getattr(self, "name", "solrl-learner")
@@ -100,25 +91,22 @@ class Learner:
             self.trainer.resume(None if self._resume is True else self._resume)
         return self.status()
 
-    def publish(self) -> dict[str, Any]:
+    def publish(self) -> Published:
         """Send the sampling policy θ_old to every node's weight-sync service (and a local engine, when
         the algorithm trains on low-precision samples): the driver's explicit step after each update."""
-        start = time.perf_counter()
-        trainer = self.trainer
+        start, trainer = time.perf_counter(), self.trainer
         if not self.shard.main:  # rank 0 publishes; another rank only loads a local engine it may hold
             trainer.publish()
-            return {"version": trainer.version, "sync_s": time.perf_counter() - start}
+            return Published(trainer.version, time.perf_counter() - start)
         weights = trainer.sampling_weights()
         if self.codec == "lora":  # only the sampling adapter travels; explorers merge it into their base
-            state = trainer.state
-            adapters = {k: v.detach() for k, v in state.old_parameters().items()}
-            info = self.publisher.publish(adapters, trainer.version,
-                                          meta={"lora_scale": state.config.lora_alpha / state.config.lora_rank})
+            adapters = {k: v.detach() for k, v in trainer.state.old_parameters().items()}
+            info = self.publisher.publish(adapters, trainer.version, meta={"lora_scale": trainer.state.lora_scale})
         else:
             info = self.publisher.publish(weights, trainer.version)
         trainer.publish(weights)
-        return {"version": trainer.version, "sync_s": time.perf_counter() - start,
-                "sync_bytes": info["bytes"] * len(self.publisher.services)}  # one copy to each node
+        return Published(trainer.version, time.perf_counter() - start,
+                         info["bytes"] * len(self.publisher.services))  # one copy to each node
 
     @ray.method(concurrency_group="sync")
     def snapshot(self, version: int) -> dict:
@@ -136,46 +124,32 @@ class Learner:
 
     def regenerate(self, iteration: int, group: RankedGroup) -> float:
         """Streamed regeneration: select and regenerate one slot's kept seeds now, while the other slots
-        are explored; `train` uses the result. Deterministic per slot (derived seeds, the current policy),
-        so arrival order changes nothing. Seconds spent."""
-        start = time.perf_counter()
-        if iteration != self.trainer.iteration:
-            raise ValueError(f"learner is at iteration {self.trainer.iteration}, asked to regenerate {iteration}")
-        self._streamed[group.slot] = (group, self.trainer.rollout(iteration, group.slot, group.prompt, group))
-        self._streamed_order.append(group.slot)
-        seconds = time.perf_counter() - start
-        self._streamed_s += seconds
-        return seconds
+        are explored; `train` uses the result. Seconds spent."""
+        return self.trainer.stream(iteration, group)
 
-    def train(self, iteration: int, groups: list[RankedGroup]) -> dict[str, Any]:
+    def train(self, iteration: int, groups: list[RankedGroup]) -> TrainResult:
         """select → regenerate → advantages → update → soft-update on the explorers' ranked groups (slots
         already streamed through `regenerate` with exactly these groups are not regenerated again)."""
-        trainer = self.trainer
-        if iteration != trainer.iteration:
-            raise ValueError(f"learner is at iteration {trainer.iteration}, asked to train {iteration}")
-        self._start = time.perf_counter()
-        busy = self._streamed_s  # streamed regeneration is work, not waiting
-        self._idle = max(self._start - self._last_end - busy, 0.0) if self._last_end is not None else 0.0
-        rolled = {g.slot: self._streamed[g.slot][1] for g in groups
-                  if g.slot in self._streamed and same_group(self._streamed[g.slot][0], g)}
-        order = [slot for slot in self._streamed_order if slot in rolled]
-        self._streamed, self._streamed_s, self._streamed_order = {}, 0.0, []
-        metrics = trainer.train_iteration(iteration, groups, rolled=rolled)
-        metrics["proxy_reward_mean"] = float(torch.cat([g.proxy for g in groups]).mean()) if groups else None
-        metrics.update({"streamed_slots": order, "streamed_rollout_s": busy})
-        self._start -= busy  # the iteration's busy time starts with its first streamed slot
-        return metrics
+        if iteration != self.trainer.iteration:
+            raise ValueError(f"learner is at iteration {self.trainer.iteration}, asked to train {iteration}")
+        start = time.perf_counter()
+        result = self.trainer.train_iteration(iteration, groups)
+        # idle: waiting for explorers between two updates (streamed regeneration is work, not waiting)
+        self._busy_since = start - result.streamed_rollout_s
+        self._idle = max(self._busy_since - self._last_end, 0.0) if self._last_end is not None else 0.0
+        return result
 
-    def finish_iteration(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """After `train` and `publish`: evaluate when due, log, checkpoint when due, record the dashboard."""
-        metrics = self.trainer.finish_iteration(metrics)
+    def finish_iteration(self) -> Finished:
+        """After `train` and `publish`: the evaluation when due; the learner's idle fraction (busy: this
+        update, its evaluation included)."""
+        finished = self.trainer.finish_iteration()
         self._last_end = time.perf_counter()
-        # idle: waiting for explorers between two updates; busy: this update (with its evaluation)
-        metrics["learner_idle_fraction"] = self._idle / max(self._idle + self._last_end - self._start, 1e-9)
-        if self.metrics is not None:
-            self.metrics.record(metrics)
-        self.trainer.log_experiment(metrics)  # rank 0 only: the others have no run directory
-        return metrics
+        finished.learner_idle_fraction = self._idle / max(self._idle + self._last_end - self._busy_since, 1e-9)
+        return finished
+
+    def checkpoint(self) -> None:
+        """Rank 0, when due: after the driver wrote the iteration's record."""
+        self.trainer.checkpoint()
 
     def save_final(self, folder: str) -> dict[str, str]:
         return self.trainer.save_final(Path(folder))
@@ -183,15 +157,9 @@ class Learner:
     def evaluate(self) -> dict[str, float]:
         return self.trainer.evaluate()
 
-    def evaluate_base(self) -> dict[str, float]:
-        """The base model's held-out reward (a fresh run, before any update); saved in the run dir."""
-        return self.trainer.evaluate_base()
-
-    def base_evaluation(self) -> dict[str, float]:
-        return self.trainer.base_eval
+    def evaluate_base(self) -> tuple[dict[str, float], GridSamples | None]:
+        """The base model's held-out reward (a fresh run, before any update), with the experiment log's grid."""
+        return self.trainer.base_evaluation()
 
     def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
         return self.trainer.sample_images(seeds_per_prompt)
-
-    def history(self) -> list[dict[str, Any]]:
-        return self.trainer.history

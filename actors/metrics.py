@@ -3,7 +3,7 @@
 Each node's Prometheus endpoint shows them as `ray_<name>` (counters as `ray_<name>_total`); Ray adds the
 labels `NodeAddress` (the node) and `SessionName`, the job adds `run` (the run directory's name, so two
 jobs on one cluster stay apart) and, on per-actor series, `explorer` / `scorer` (the actor's index, as in
-its name `solrl-explorer-<i>`). `cluster.grafana` builds the Grafana dashboard from this table, so a panel
+its name `solrl-explorer-<i>`). `cluster.monitoring.grafana` builds the Grafana dashboard from this table, so a panel
 can only query a declared metric, and each panel takes its unit from here.
 """
 
@@ -132,7 +132,8 @@ def _finite(value: Any) -> bool:
 
 
 class LearnerMetrics:
-    """Rank 0's series: the iteration's metrics.jsonl record, as gauges and counters."""
+    """The run's series: each iteration's metrics.jsonl row, as gauges and counters (recorded by the driver's
+    `learner.run_log.RunLog`)."""
 
     def __init__(self, run: str, iterations: int) -> None:
         tags = {"run": run}

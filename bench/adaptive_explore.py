@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cluster.config import load_config
+from cluster.config.loading import load_config
 from diffusion.explore import ExploreEngine
 from diffusion.loading import load_policy_from_config
 from diffusion.noise import candidate_seeds

@@ -2,10 +2,11 @@
 
     python -m bench.base_model [--model DIR] [--seeds-per-prompt 32] [--steps 10]
 
-Held-out prompts (and the training template) × the evaluation's fixed seeds (run seed 0), 10 Euler
-steps in full precision, through the one sample → decode → reward path; the reward (log p of the
-prompted digit) and the accuracy are merged into the model's `model_metrics.json`, which
-`python -m diffusion.embedded.train` writes.
+Held-out prompts (and the training template) × the evaluation's fixed seeds (run seed 0), sampled as
+the embedded preset's evaluation samples (`learner.rollouts.evaluation_sampling`: Euler, full precision)
+at `--steps`, through the one sample → decode → reward path; the reward (log p of the prompted digit)
+and the accuracy are merged into the model's `model_metrics.json`, which `python -m diffusion.embedded.train`
+writes.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from pathlib import Path
 
 import torch
 
+from bench.plan import CONFIGS
+from cluster.config.loading import load_config
 from diffusion.config import EMBEDDED_MODEL
 from diffusion.embedded.data import TRAIN_TEMPLATES, heldout_prompts, prompt_for
 from diffusion.loading import load_policy
 from diffusion.noise import eval_seeds
-from learner.rollouts import Sampling, generate
+from learner.rollouts import evaluation_sampling, generate
 from rewards import build_reward
 
 
@@ -29,12 +32,13 @@ def evaluate(folder: Path, seeds_per_prompt: int = 32, steps: int = 10) -> dict[
     """Reward and accuracy per prompt set: {train_template,heldout_template}_{reward,accuracy}."""
     policy = load_policy(folder)
     reward = build_reward("digit_alignment")
+    sampling = evaluation_sampling(load_config(CONFIGS / "embedded.yaml", [f"eval.steps={steps}"]))
     out: dict[str, float] = {}
     for name, prompts in (("train_template", [prompt_for(d, TRAIN_TEMPLATES[0]) for d in range(10)]),
                           ("heldout_template", heldout_prompts())):
         all_prompts = [p for p in prompts for _ in range(seeds_per_prompt)]
         seeds = [s for slot in range(len(prompts)) for s in eval_seeds(0, slot, seeds_per_prompt)]
-        scored = generate(policy, None, reward, all_prompts, seeds, Sampling(steps, "euler"))
+        scored = generate(policy, None, reward, all_prompts, seeds, sampling)
         out[f"{name}_reward"] = float(scored.rewards.mean())
         out[f"{name}_accuracy"] = float(scored.details["accuracy"].mean())
     return out

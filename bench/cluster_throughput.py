@@ -25,8 +25,9 @@ import numpy as np
 import ray
 import torch
 
-from cluster import driver
-from cluster.config import load_config
+from cluster.config.loading import load_config
+from cluster.runtime import driver
+from cluster.runtime.explorer_pool import ExplorerPool
 from learner.rollouts import RankedGroup
 
 
@@ -39,13 +40,13 @@ class InstantExplorer:
 
 def records_per_second(slots: int = 2000, explorers: int = 2) -> float:
     actors = [ray.remote(InstantExplorer).options(num_cpus=0).remote() for _ in range(explorers)]
-    job = driver.Job(learners=[], explorers=actors, placement=None)
+    pool = ExplorerPool(actors)
     prompts = list(enumerate(["a handwritten digit one"] * 100))
-    driver.gather(job, 0, driver.dispatch(job, 0, prompts, 0), 0, {})  # warm-up
+    pool.collect(pool.submit(0, prompts, 0), {})  # warm-up
     start = time.perf_counter()
     done = 0
     while done < slots:
-        done += len(driver.gather(job, 0, driver.dispatch(job, 0, prompts, 0), 0, {}))
+        done += len(pool.collect(pool.submit(0, prompts, 0), {}))
     rate = done / (time.perf_counter() - start)
     for actor in actors:
         ray.kill(actor)

@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from bench.plan import PAPER_GPUS, PAPER_ROLLOUT_S, PAPER_SHAPE, paper_costs
-from cluster.config import SolRLConfig, load_config
+from cluster.config.loading import load_config
+from cluster.config.schema import SolRLConfig
 from diffusion.progress import Progress
 from learner.trainer import Trainer
 
@@ -62,9 +63,9 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
     points = [{"iteration": 0, **totals, **trainer.evaluate()}]
     progress = Progress("    iteration", config.run.iterations)
     for i in range(config.run.iterations):
-        m = trainer.train_iteration(i)
-        m["sync_s"] = trainer.publish()
-        m = trainer.finish_iteration(m)  # counts the iteration (its counters are per iteration) and evaluates
+        result = trainer.train_iteration(i)
+        trainer.publish()
+        m = {**result.metrics(), **trainer.finish_iteration().evaluation}  # work per iteration; eval when due
         totals["wall_s"] += m["iteration_s"]
         for key in ("rollout_s", "train_s", *COUNTERS):
             totals[key] += m[key]

@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from bench import adaptive_explore
+from bench import adaptive_explore, rank_fidelity
 from bench.convergence import BASELINE, add_modeled_cost, first_reach, load_runs, plot, speedups
-from learner import fidelity
 
 Runs = dict[str, dict[int, list[dict[str, Any]]]]
 
@@ -139,7 +138,7 @@ def measured_tables(results: Path) -> list[tuple[str, str]]:
     fidelity_json = results / "rank_fidelity_margin.json"
     if fidelity_json.exists():
         sections.append(("Table 8: rank fidelity on `digit_margin` (bench.rank_fidelity)",
-                         fidelity.format_table(json.loads(fidelity_json.read_text()))))
+                         rank_fidelity.format_table(json.loads(fidelity_json.read_text()))))
     adaptive_json = results / "adaptive_explore.json"
     if adaptive_json.exists():
         data = json.loads(adaptive_json.read_text())

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from cluster.check import estimate_memory
-from cluster.config import load_config
+from cluster.config.loading import load_config
 from diffusion.families import FLUX, SANA, SD3
 
 CLIP_L = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,

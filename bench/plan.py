@@ -185,7 +185,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def read_preset(model: str) -> tuple[Shape, int, int, Mode, bool]:
     """The preset's iteration amounts, its explorer and learner counts, its mode and whether it streams
     regeneration (configs/<model>.yaml)."""
-    from cluster.config import load_config  # pulls in torch: only the CLI needs it
+    from cluster.config.loading import load_config
 
     config = load_config(CONFIGS / f"{model}.yaml")
     shape = Shape(prompts=config.prompts.per_iteration, candidates=config.prompts.candidates,

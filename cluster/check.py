@@ -4,8 +4,9 @@
 
 Checks, each a row of the printed table (exit 1 when any fails, 2 on a config error):
 
-- inputs: prompt files (each prompt one the reward can score), reward options, the model folder (every
-  missing or unreadable file named, with the fix: `cluster.preflight.check_inputs`);
+- inputs: the config's fields and rules again, prompt files (each prompt one the reward can score), reward
+  options, the model folder (every missing or unreadable file named, with the fix:
+  `cluster.config.preflight.check_inputs`);
 - resources: the placement bundles (learner ranks + explorers + scorers) against the Ray cluster's
   (`cluster.address` / RAY_ADDRESS), or, for a private local Ray, against this machine's GPUs;
 - backend: the explore backend this hardware allows for the precision (TE FP4 on Blackwell, modelopt on
@@ -16,7 +17,8 @@ Checks, each a row of the printed table (exit 1 when any fails, 2 on a config er
 - shm: the learner's weight-sync region (two slots of the snapshot, `snapshot_estimate`) against the free
   space of /dev/shm — a warning when short, as the service then uses Ray's object store.
 
-`python -m cluster.launch` runs the same checks before it starts anything.
+`python -m cluster.launch` runs the same checks before it starts anything; the inputs check only once, in its
+resolve (before it writes anything), so its table reuses that pass (`run_checks(..., inputs_checked=True)`).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from cluster.config import ConfigError, SolRLConfig, load_config, one_line
-from cluster.preflight import check_inputs
+from cluster.config.loading import ConfigError, load_config, one_line
+from cluster.config.preflight import check_inputs
+from cluster.config.schema import SolRLConfig
 
 GiB = 2**30
 # Text tokens the transformer attends to, by family (CLIP 77 + T5 at the family's length for SD3).
@@ -273,14 +276,18 @@ def shm_row(config: SolRLConfig, model: nn.Module, family, free: int | None = No
     return Row("shm", True, f"{detail}; {SHM_FOLDER} has {size_text(free)} free")
 
 
-def run_checks(config: SolRLConfig) -> list[Row]:
-    """Every row; the model-dependent ones only once the inputs check passes."""
+def run_checks(config: SolRLConfig, *, inputs_checked: bool = False) -> list[Row]:
+    """Every row; the model-dependent ones only once the inputs check passes. `inputs_checked`: the caller
+    already ran `check_inputs` on this config and printed its notes (`cluster.launch` does), so the inputs
+    row reports that pass rather than reading every file a second time."""
     from diffusion.families import family_for_transformer
 
-    try:
-        notes = check_inputs(config)
-    except ConfigError as exc:
-        return [Row("inputs", False, str(exc)), resources_row(config), backend_row(config)]
+    notes: list[str] = []
+    if not inputs_checked:
+        try:
+            notes = check_inputs(config)
+        except ConfigError as exc:
+            return [Row("inputs", False, str(exc)), resources_row(config), backend_row(config)]
     scored = ", ".join(config.reward.weights)
     rows = [Row("inputs", True, f"prompts (each one scorable by {scored}), reward, model folder"
                 + (f" ({'; '.join(notes)})" if notes else ""))]

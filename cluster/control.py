@@ -6,7 +6,7 @@ The count is bounded by `cluster.explorers.max` (default: `count`), the room the
 local Ray reserves resources for that many, and asking for more is refused here, naming the setting (a
 resumed run can raise it: `--resume RUN_DIR --set cluster.explorers.max=N`). A directory that is not a
 run (no config.yaml) or whose run has finished is refused in one line; a run that is not running now
-(no launcher holds its lock, `cluster.run_lock`) takes the count when it is resumed.
+(no launcher holds its lock, `cluster.runtime.run_lock`) takes the count when it is resumed.
 
 The driver reads `RUN_DIR/control.json` once per iteration, at a point where no slot is in flight (sync
 mode: before the iteration's slots are sent; async mode: before the next iteration's are). A new explorer
@@ -20,54 +20,16 @@ and ignored (the job keeps its count).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from cluster.run_lock import running_holder
-
-CONTROL_FILE = "control.json"
-
-
-class Control(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    explorers: int | None = Field(None, ge=1, description="explorer actors the job should run")
-
-
-def read_control(run_dir: str | Path) -> Control:
-    """The run's control file (an empty Control when there is none). Raises ValueError naming the file and
-    the problem when it does not parse."""
-    path = Path(run_dir) / CONTROL_FILE
-    try:
-        return Control.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        return Control()
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"{path}: {problems}; write it with python -m cluster.control") from None
-
-
-def write_control(run_dir: str | Path, **changes: int) -> Control:
-    """Merge `changes` into the run's control file, atomically (the driver never reads half a file)."""
-    path = Path(run_dir) / CONTROL_FILE
-    try:
-        current = read_control(run_dir).model_dump(exclude_none=True)
-    except ValueError:
-        current = {}  # a broken file is replaced
-    control = Control(**{**current, **changes})
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(control.model_dump(exclude_none=True)) + "\n")
-    os.replace(tmp, path)
-    return control
+from cluster.runtime.control_file import CONTROL_FILE, write_control
+from cluster.runtime.run_lock import running_holder
 
 
 def refusal(run_dir: Path, explorers: int) -> str | None:
     """Why `explorers` cannot be asked of the run in `run_dir` (None: it can)."""
-    from cluster.config import ConfigError, load_config
+    from cluster.config.loading import ConfigError, load_config
 
     if not run_dir.is_dir():
         return f"{run_dir} is not a run directory (it does not exist)"

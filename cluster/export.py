@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from cluster.config import ConfigError, load_config, one_line
+from cluster.config.loading import ConfigError, load_config, one_line
 from diffusion.loading import load_policy
 from diffusion.noise import lora_init_seed
 from learner.checkpoint import CorruptCheckpoint, load_checkpoint, previous_checkpoint

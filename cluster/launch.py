@@ -15,7 +15,7 @@ changes it) and launches.jsonl (every start and resume with its overrides), metr
 (the last two), the final weights in final/ (a diffusers transformer folder, its LoRA), a sample grid
 and a reward curve (PNG), and summary.json.
 
-Operating it: one job per run directory (`cluster.run_lock`: a second launcher is refused, naming the
+Operating it: one job per run directory (`cluster.runtime.run_lock`: a second launcher is refused, naming the
 holder); a run that ended before its first checkpoint starts again from iteration 0 on `--resume`; every
 way a job can end but success — a failed actor or write, Ctrl-C, SIGTERM — ends with a line saying where
 the run stopped and the command that continues it (exit 1, or 128 + the signal).
@@ -39,13 +39,14 @@ from pathlib import Path
 import yaml
 
 from actors.identity import job_name, run_label
-from cluster import run_lock
 from cluster.check import format_rows, run_checks
-from cluster.config import ConfigError, SolRLConfig, load_config, one_line
-from cluster.local_ray import LocalRay, reap_orphans
-from cluster.preflight import check_inputs
-from cluster.run_costs import measured_costs
-from cluster.run_lock import RunLocked
+from cluster.config.loading import ConfigError, load_config, one_line
+from cluster.config.preflight import check_inputs
+from cluster.config.schema import SolRLConfig
+from cluster.reports.run_costs import measured_costs
+from cluster.runtime import run_lock
+from cluster.runtime.local_ray import LocalRay, reap_orphans
+from cluster.runtime.run_lock import RunLocked
 from learner.checkpoint import checkpoint_iteration
 
 SEEDS_PER_PROMPT = 6
@@ -231,7 +232,7 @@ def show_dashboards(job) -> None:
     """Where to watch the run: the Ray dashboard's pages, and the Grafana dashboard installed beside Ray's."""
     import ray
 
-    from cluster.grafana import install_dashboard
+    from cluster.monitoring.grafana import install_dashboard
 
     url = ray._private.worker.get_dashboard_url()
     if url:
@@ -242,7 +243,7 @@ def show_dashboards(job) -> None:
         path = install_dashboard(ray._private.worker.global_worker.node.get_session_dir_path())
         print(f"Grafana dashboard 'Sol-RL job' (uid solrl) installed with Ray's: {path}")
     except (OSError, AttributeError) as exc:  # a read-only session folder; the JSON is also in the repository
-        print(f"note: the Grafana dashboard was not installed ({exc}); import cluster/dashboards/*.json by hand")
+        print(f"note: the Grafana dashboard was not installed ({exc}); import cluster/monitoring/dashboards/*.json by hand")
 
 
 def write_config(run_dir: Path, config: SolRLConfig) -> None:
@@ -265,17 +266,18 @@ def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, 
         f.write(json.dumps(line) + "\n")
 
 
-def finish(config: SolRLConfig, run_dir: Path, job) -> dict:
-    """Final weights, pictures and the summary of the whole run (resumed parts included)."""
+def finish(config: SolRLConfig, run_dir: Path, job, full: list[dict]) -> dict:
+    """Final weights, pictures and the summary of the whole run: `full` is the driver's record of every
+    iteration (resumed parts included)."""
     import ray
 
-    from cluster.figures import save_image_grid, save_reward_curve
+    from cluster.reports.figures import save_image_grid, save_reward_curve
+    from learner.run_log import read_base_evaluation, write_summary
 
     files = ray.get(job.learner.save_final.remote(str(run_dir / "final")))
     images = ray.get(job.learner.sample_images.remote(SEEDS_PER_PROMPT))
     samples = save_image_grid(images, rows=images.shape[0] // SEEDS_PER_PROMPT, path=run_dir / "samples.png")
-    full = ray.get(job.learner.history.remote())
-    base = ray.get(job.learner.base_evaluation.remote())
+    base = read_base_evaluation(run_dir)
     evals = [m for m in full if "eval_reward" in m]
     summary = {"run_dir": str(run_dir), "ray_job": ray_job_id(), "iterations": len(full), "final": files,
                "samples": str(samples), "base_eval": base,
@@ -287,7 +289,7 @@ def finish(config: SolRLConfig, run_dir: Path, job) -> dict:
     if costs is not None:  # what this run measured, for python -m bench.plan --costs
         (run_dir / "costs.json").write_text(json.dumps(costs, indent=2) + "\n")
         summary["costs"] = str(run_dir / "costs.json")
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_summary(run_dir, summary)
     return summary
 
 
@@ -346,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}")
     if plan.complete:
         return 0
-    rows = run_checks(plan.config)  # the preflight of `python -m cluster.check`: backend, layer plan, memory
+    # the preflight of `python -m cluster.check` (backend, layer plan, memory); resolve checked the inputs
+    rows = run_checks(plan.config, inputs_checked=True)
     print(format_rows(rows))
     if any(row.ok is False for row in rows):
         print("error: a check failed (above); nothing was started", file=sys.stderr)
@@ -371,15 +374,25 @@ def _reap(run_dir: Path) -> None:
         print(f"note: {note}")
 
 
+def print_summary(summary: dict) -> None:
+    print(json.dumps(summary, indent=2))
+    base, last = summary["base_eval"], summary["last_eval"]
+    if base and last:
+        line = f"held-out reward {base['eval_reward']:.3f} → {last['eval_reward']:.3f}"
+        if base.get("eval_accuracy") is not None and last.get("eval_accuracy") is not None:
+            line += f", accuracy {base['eval_accuracy']:.3f} → {last['eval_accuracy']:.3f}"
+        print(line)  # accuracy: only rewards that report one (the digit classifier alone)
+    print(f"run directory: {summary['run_dir']}")
+
+
 def _run(args: argparse.Namespace, plan: Plan) -> int:
     """The job, under the run directory's lock: every way it can end prints how to continue."""
-    from cluster import driver
-    from cluster.learner_group import JobFailed
-    from learner.run_log import truncate_metrics
+    from cluster.runtime import driver
+    from cluster.runtime.learner_group import JobFailed
 
     config, run_dir = plan.config, plan.run_dir
-    if plan.restart:  # what an attempt that never reached a checkpoint logged is redone
-        truncate_metrics(run_dir / "metrics.jsonl", 0)
+    # plan.restart: what an attempt that never reached a checkpoint logged is redone (the run log starts
+    # again at iteration 0)
     if not plan.resume:  # at once, so a start that dies before training can be resumed (it restarts)
         write_config(run_dir, config)
     print(f"run directory: {run_dir}  ({config.cluster.explorers.count} explorer(s), {config.cluster.mode} mode)")
@@ -394,24 +407,17 @@ def _run(args: argparse.Namespace, plan: Plan) -> int:
             local.record()  # now with the actors' processes
         show_dashboards(job)
 
-    def advanced(_job, metrics: dict) -> None:
-        position["iteration"] = metrics["iteration"] + 1
+    def advanced(_job, row: dict) -> None:
+        position["iteration"] = row["iteration"] + 1
 
     try:
         local = connect(config, run_dir)
         signals.install()  # again after ray.init, whose native handler would end the process without unwinding
         job, _ = driver.run(config, str(run_dir), resume=plan.resume, evaluate_base=True, on_start=started,
                             on_iteration=advanced)
-        summary = finish(config, run_dir, job)
+        summary = finish(config, run_dir, job, job.log.history)
         driver.stop(job)
-        print(json.dumps(summary, indent=2))
-        base, last = summary["base_eval"], summary["last_eval"]
-        if base and last:
-            line = f"held-out reward {base['eval_reward']:.3f} → {last['eval_reward']:.3f}"
-            if base.get("eval_accuracy") is not None and last.get("eval_accuracy") is not None:
-                line += f", accuracy {base['eval_accuracy']:.3f} → {last['eval_accuracy']:.3f}"
-            print(line)  # accuracy: only rewards that report one (the digit classifier alone)
-        print(f"run directory: {run_dir}")
+        print_summary(summary)
         clean = True
         return 0
     except (Interrupted, KeyboardInterrupt) as exc:

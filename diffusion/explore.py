@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from diffusion.config import ExploreConfig
+from diffusion.device import module_device
 from diffusion.policy import FlowPolicy
 from diffusion.quant import (
     NVFP4_WEIGHT_PRECISIONS,
@@ -55,12 +56,6 @@ class ExplorePlan:
         return (*self.linears, *self.convs)
 
 
-def _device(module: nn.Module) -> torch.device:
-    for tensor in (*module.parameters(), *module.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
 def explore_plan(policy: FlowPolicy, config: ExploreConfig) -> ExplorePlan:
     """The plan of ``ExploreEngine(policy, config)``: the family's skip list, minimum size and 1×1
     conv switch (``config.skip`` / ``config.min_dim`` override the first two), on the backend
@@ -69,7 +64,7 @@ def explore_plan(policy: FlowPolicy, config: ExploreConfig) -> ExplorePlan:
         return ExplorePlan("none", "none", (), (), ())
     quant = policy.family.quant
     transformer = policy.transformer
-    backend = resolve_backend(config.backend, config.precision, _device(transformer))
+    backend = resolve_backend(config.backend, config.precision, module_device(transformer))
     layers = engine_layers(
         transformer,
         backend,

@@ -63,6 +63,13 @@ def candidate_seeds(run_seed: int, iteration: int, slot: int, count: int) -> lis
     return [derive_seed(run_seed, iteration, slot, j) for j in range(count)]
 
 
+def iteration_prompts(prompts: Sequence[str], run_seed: int, iteration: int, count: int) -> list[str]:
+    """A training iteration's `count` prompt slots: a permutation of `prompts` seeded by (run seed,
+    iteration), cycled; slot i's seeds are then `candidate_seeds(run_seed, iteration, i, N)`."""
+    order = torch.randperm(len(prompts), generator=stream_generator(run_seed, iteration, Stream.PROMPTS))
+    return [prompts[order[i % len(prompts)]] for i in range(count)]
+
+
 def eval_seeds(run_seed: int, slot: int, count: int) -> list[int]:
     """The fixed seeds of held-out prompt `slot`: the same at every evaluation of a run."""
     return [derive_seed(run_seed, EVAL, slot, j) for j in range(count)]

@@ -139,15 +139,37 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
     ``<dir>.previous``; returns the folder. Raises `NonFiniteWeights` (writing nothing) when θ, θ_old
     or the optimizer state holds NaN or ±inf."""
     final = Path(dir)
-    tmp, previous, discard = _siblings(final)
+    extra = _serialisable(extra)
+    theta = state.theta_parameters()
+    old = state.old_parameters()
+    optimizer_tensors, optimizer_steps = _optimizer_contents(state, theta)
+    contents = _finite_contents(final, state, theta, old, optimizer_tensors)
+    groups = [
+        {k: _json_value(v) for k, v in group.items() if k != "params"} for group in state.optimizer.param_groups
+    ]
+    contents["rng.safetensors"] = _rng_states()
+
+    tmp = _clear_siblings(final)
+    with written_into(tmp, final, "the checkpoint", _kept_checkpoint(final)):
+        _write_folder(tmp, contents, _meta(state, theta, groups, optimizer_steps, iteration, extra))
+    _rotate_into_place(final)
+    return final
+
+
+def _serialisable(extra: dict | None) -> dict:
+    """A copy of the caller's `extra`, refused before anything is written unless meta.json can hold it."""
     extra = dict(extra or {})
     try:
         json.dumps(extra)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"save_checkpoint: extra must be JSON-serialisable: {exc}") from exc
+    return extra
 
-    theta = state.theta_parameters()
-    old = state.old_parameters()
+
+def _optimizer_contents(state: TrainingState, theta: dict[str, torch.Tensor]
+                        ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """AdamW's per-parameter tensors keyed ``<state>/<param name>`` and its step counts by parameter name:
+    the optimizer keys its state by parameter object, which does not survive a restart."""
     index = {id(p): name for name, p in theta.items()}
     optimizer_tensors: dict[str, torch.Tensor] = {}
     optimizer_steps: dict[str, float] = {}
@@ -160,27 +182,47 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
                 optimizer_tensors[f"{key}/{name}"] = value
             else:
                 raise TypeError(f"save_checkpoint: optimizer state {key!r} of {name} is not a tensor")
+    return optimizer_tensors, optimizer_steps
+
+
+def _finite_contents(final: Path, state: TrainingState, theta: dict, old: dict,
+                     optimizer_tensors: dict) -> dict[str, dict[str, torch.Tensor]]:
+    """The tensors of each file (rng's still empty), refused if any float is not finite: a run that
+    diverged must not replace its last good checkpoint."""
     contents = dict(zip(FILES, (theta, old, optimizer_tensors, {}), strict=True))
     if state.ema is not None:
         contents[EMA_FILE] = state.ema.average
     for label, tensors in (("theta", theta), ("old", old), ("optimizer state", optimizer_tensors),
                            ("EMA", contents.get(EMA_FILE, {}))):
         check_finite(tensors, f"save_checkpoint: refusing to write non-finite {label} to {final}")
-    groups = [
-        {k: _json_value(v) for k, v in group.items() if k != "params"} for group in state.optimizer.param_groups
-    ]
-    rng = contents["rng.safetensors"] = {"torch_cpu": torch.get_rng_state()}
+    return contents
+
+
+def _rng_states() -> dict[str, torch.Tensor]:
+    """The torch CPU RNG state and, once CUDA is initialised, each device's."""
+    rng = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # untouched CUDA: no CUDA RNG was used
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             rng[f"cuda:{i}"] = s
+    return rng
 
+
+def _clear_siblings(final: Path) -> Path:
+    """Ready `<dir>.tmp` to be written (returned): first finish a save that died between its renames, then
+    remove what an earlier crash left in `.tmp` and `.discard`."""
+    tmp, _, discard = _siblings(final)
     if not final.exists() and (tmp / "meta.json").exists():
         tmp.rename(final)  # a save that died between its renames: finish it, so it becomes .previous below
     for stale in (tmp, discard):
         if stale.exists():
             shutil.rmtree(stale)
-    with written_into(tmp, final, "the checkpoint", _kept_checkpoint(final)):
-        _write_folder(tmp, contents, _meta(state, theta, groups, optimizer_steps, iteration, extra))
+    return tmp
+
+
+def _rotate_into_place(final: Path) -> None:
+    """Renames only: `<dir>.previous` → `.discard`, `<dir>` → `.previous`, `.tmp` → `<dir>`; then the
+    discarded one is deleted. A crash between them leaves a complete folder for `_complete_folder`."""
+    tmp, previous, discard = _siblings(final)
     if final.exists():
         if previous.exists():
             previous.rename(discard)
@@ -189,7 +231,6 @@ def save_checkpoint(dir: str | os.PathLike, state: TrainingState, *, iteration: 
     fsync_path(final.parent)
     if discard.exists():
         shutil.rmtree(discard)
-    return final
 
 
 def checkpoint_iteration(folder: str | os.PathLike) -> int | None:
@@ -253,6 +294,16 @@ def _one_line(exc: BaseException) -> str:
 
 def _verify(folder: Path) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
     """meta.json and the tensors of every file, all checked; raises CorruptCheckpoint (no hint)."""
+    meta = _read_meta(folder)
+    listed: dict = meta["files"]
+    loaded: dict[str, dict[str, torch.Tensor]] = {}
+    for name in (*FILES, *([EMA_FILE] if EMA_FILE in listed else [])):
+        loaded[name] = _read_verified(folder / name, listed[name], floats=name in FLOAT_FILES)
+    return meta, loaded
+
+
+def _read_meta(folder: Path) -> dict:
+    """`folder`'s meta.json, of this format and version and listing a checksum of every required file."""
     if not folder.is_dir():
         raise CorruptCheckpoint(f"{folder}: no checkpoint folder there")
     meta_path = folder / "meta.json"
@@ -273,36 +324,35 @@ def _verify(folder: Path) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
         if version == VERSION:
             raise CorruptCheckpoint(f"{meta_path}: no 'files' checksums (meta.json was altered)")
         raise CorruptCheckpoint(f"{meta_path}: checkpoint format version {version!r}, this code reads {VERSION}")
-    listed: dict = meta["files"]
     for name in FILES:
-        if name not in listed:
+        if name not in meta["files"]:
             raise CorruptCheckpoint(f"{meta_path}: has no checksum of {name} (meta.json was altered)")
+    return meta
 
-    loaded: dict[str, dict[str, torch.Tensor]] = {}
-    for name in (*FILES, *([EMA_FILE] if EMA_FILE in listed else [])):
-        path = folder / name
-        if not path.is_file():
-            raise CorruptCheckpoint(f"{path}: missing")
-        expected = listed[name]
-        data = path.read_bytes()  # what is hashed is what is loaded: no second read in between
-        problems = []
-        if hashlib.sha256(data).hexdigest() != expected.get("sha256"):
-            problems.append("checksum mismatch (the file changed after it was written)" if len(data) ==
-                            expected.get("bytes") else f"checksum mismatch (the file changed after it was "
-                            f"written: {len(data)} bytes, {expected.get('bytes')} when written)")
-        try:
-            tensors = load_safetensors_bytes(data)
-        except Exception as exc:  # whatever the damage, the parser's complaint goes into the one line
-            problems.append(f"not a readable safetensors file ({_one_line(exc)})")
-        else:
-            if name in FLOAT_FILES:
-                problem = non_finite(dict(sorted(tensors.items())))
-                if problem is not None:
-                    problems.append(problem)
-            loaded[name] = tensors
-        if problems:
-            raise CorruptCheckpoint(f"{path}: {'; '.join(problems)}")
-    return meta, loaded
+
+def _read_verified(path: Path, expected: dict, *, floats: bool) -> dict[str, torch.Tensor]:
+    """The tensors of `path`, whose bytes must hash to what meta.json recorded, parse, and (`floats`) be
+    finite; every problem found goes into the one line of the CorruptCheckpoint."""
+    if not path.is_file():
+        raise CorruptCheckpoint(f"{path}: missing")
+    data = path.read_bytes()  # what is hashed is what is loaded: no second read in between
+    problems = []
+    if hashlib.sha256(data).hexdigest() != expected.get("sha256"):
+        problems.append("checksum mismatch (the file changed after it was written)" if len(data) ==
+                        expected.get("bytes") else f"checksum mismatch (the file changed after it was "
+                        f"written: {len(data)} bytes, {expected.get('bytes')} when written)")
+    try:
+        tensors = load_safetensors_bytes(data)
+    except Exception as exc:  # whatever the damage, the parser's complaint goes into the one line
+        problems.append(f"not a readable safetensors file ({_one_line(exc)})")
+    else:
+        if floats:
+            problem = non_finite(dict(sorted(tensors.items())))
+            if problem is not None:
+                problems.append(problem)
+    if problems:
+        raise CorruptCheckpoint(f"{path}: {'; '.join(problems)}")
+    return tensors
 
 
 def _verified(folder: Path, checkpoint: Path) -> tuple[dict, dict[str, dict[str, torch.Tensor]]]:
@@ -381,15 +431,31 @@ def load_checkpoint(dir: str | os.PathLike, state: TrainingState) -> dict:
 
     theta = state.theta_parameters()
     old = state.old_parameters()
-    theta_saved = loaded["theta.safetensors"]
-    old_saved = loaded["old.safetensors"]
-    _check("theta", theta, theta_saved, folder)
-    _check("old", old, old_saved, folder)
+    _check_parameters(folder, meta, loaded, state, theta, old)
+    per_param = _saved_optimizer_state(folder, meta["optimizer"]["step"], loaded["optimizer.safetensors"], theta)
+    _check_param_groups(folder, meta["optimizer"]["param_groups"], state.optimizer.param_groups)
+    ema_saved = _saved_ema(folder, loaded.get(EMA_FILE), state, theta)
+
+    # ---- everything checked: apply -------------------------------------------------------------
+    _restore_parameters(state, theta, old, loaded["theta.safetensors"], loaded["old.safetensors"], ema_saved)
+    _restore_optimizer(state, theta, per_param, meta["optimizer"]["step"])
+    state.skipped_steps = int(meta["skipped_steps"])
+    _restore_rng(folder, loaded["rng.safetensors"])
+    return {"iteration": int(meta["iteration"]), "extra": meta["extra"]}
+
+
+def _check_parameters(folder: Path, meta: dict, loaded: dict[str, dict[str, torch.Tensor]], state: TrainingState,
+                      theta: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> None:
+    """θ's and θ_old's saved tensors are the state's names, shapes and dtypes; LoRA's scale is the same."""
+    _check("theta", theta, loaded["theta.safetensors"], folder)
+    _check("old", old, loaded["old.safetensors"], folder)
     if state.mode == "lora" and meta["lora_alpha"] != state.config.lora_alpha:
         raise ValueError(f"{folder}: lora_alpha {meta['lora_alpha']} in the checkpoint, {state.config.lora_alpha} here")
 
-    optimizer_saved = loaded["optimizer.safetensors"]
-    steps: dict[str, float] = meta["optimizer"]["step"]
+
+def _saved_optimizer_state(folder: Path, steps: dict[str, float], optimizer_saved: dict[str, torch.Tensor],
+                           theta: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """The saved AdamW tensors by parameter name, each parameter's matching θ's and having a step count."""
     per_param: dict[str, dict[str, torch.Tensor]] = {name: {} for name in steps}
     for key, value in optimizer_saved.items():
         kind, _, name = key.partition("/")
@@ -406,9 +472,12 @@ def load_checkpoint(dir: str | os.PathLike, state: TrainingState) -> dict:
     for name in steps:
         if name not in theta:
             raise ValueError(f"{folder}: optimizer step for unknown parameter {name!r}: the model differs")
+    return per_param
 
-    groups = meta["optimizer"]["param_groups"]
-    current = state.optimizer.param_groups
+
+def _check_param_groups(folder: Path, groups: list[dict], current: list[dict]) -> None:
+    """As many param groups as the state's; a recorded hyper-parameter that differs from the config's only
+    warns, since the config's is the one kept."""
     if len(groups) != len(current):
         raise ValueError(f"{folder}: {len(groups)} optimizer param groups, the state has {len(current)}")
     for saved, group in zip(groups, current, strict=True):
@@ -416,17 +485,24 @@ def load_checkpoint(dir: str | os.PathLike, state: TrainingState) -> dict:
             if key in saved and _json_value(group[key]) != saved[key]:
                 warnings.warn(
                     f"{folder}: optimizer {key} was {saved[key]} in the checkpoint; keeping the config's {group[key]}",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
 
-    rng = loaded["rng.safetensors"]
-    ema_saved = loaded.get(EMA_FILE)
+
+def _saved_ema(folder: Path, ema_saved: dict[str, torch.Tensor] | None, state: TrainingState,
+               theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The saved EMA (None: none saved), checked against θ when the state keeps one."""
     if state.ema is not None and ema_saved is not None:
         _check("ema", theta, ema_saved, folder)
     elif state.ema is not None:
-        warnings.warn(f"{folder}: no EMA of θ in this checkpoint; the EMA restarts from θ", stacklevel=2)
+        warnings.warn(f"{folder}: no EMA of θ in this checkpoint; the EMA restarts from θ", stacklevel=3)
+    return ema_saved
 
-    # ---- everything checked: apply -------------------------------------------------------------
+
+def _restore_parameters(state: TrainingState, theta: dict[str, torch.Tensor], old: dict[str, torch.Tensor],
+                        theta_saved: dict[str, torch.Tensor], old_saved: dict[str, torch.Tensor],
+                        ema_saved: dict[str, torch.Tensor] | None) -> None:
+    """θ, θ_old and the EMA (θ's saved values when the checkpoint has none) copied in place."""
     with torch.no_grad():
         for name, param in theta.items():
             param.copy_(theta_saved[name])
@@ -435,6 +511,13 @@ def load_checkpoint(dir: str | os.PathLike, state: TrainingState) -> dict:
         if state.ema is not None:
             for name, average in state.ema.average.items():
                 average.copy_(ema_saved[name] if ema_saved is not None else theta_saved[name])
+
+
+def _restore_optimizer(state: TrainingState, theta: dict[str, torch.Tensor],
+                       per_param: dict[str, dict[str, torch.Tensor]], steps: dict[str, float]) -> None:
+    """The saved AdamW state, keyed back from parameter names to the optimizer's positions; the param
+    groups (hyper-parameters included) stay the state's."""
+    current = state.optimizer.param_groups
     position = {id(p): i for i, p in enumerate(p for group in current for p in group["params"])}
     order = {name: position[id(param)] for name, param in theta.items()}
     optimizer_state = {
@@ -448,13 +531,14 @@ def load_checkpoint(dir: str | os.PathLike, state: TrainingState) -> dict:
         start += count
     state.optimizer.state.clear()
     state.optimizer.load_state_dict({"state": optimizer_state, "param_groups": param_groups})
-    state.skipped_steps = int(meta["skipped_steps"])
 
+
+def _restore_rng(folder: Path, rng: dict[str, torch.Tensor]) -> None:
+    """The torch CPU RNG state and, when this machine has as many CUDA devices as were saved, theirs."""
     torch.set_rng_state(rng["torch_cpu"])
     cuda_states = [rng[k] for k in sorted((k for k in rng if k.startswith("cuda:")), key=lambda k: int(k[5:]))]
     if cuda_states:
         if torch.cuda.is_available() and torch.cuda.device_count() == len(cuda_states):
             torch.cuda.set_rng_state_all(cuda_states)
         else:
-            warnings.warn(f"{folder}: CUDA RNG states of {len(cuda_states)} device(s) not restored", stacklevel=2)
-    return {"iteration": int(meta["iteration"]), "extra": meta["extra"]}
+            warnings.warn(f"{folder}: CUDA RNG states of {len(cuda_states)} device(s) not restored", stacklevel=3)

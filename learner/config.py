@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from diffusion.config import ExploreConfig, ModelConfig, PromptConfig, SamplerConfig
+from diffusion.samplers import Solver
 from learner.advantages import AdvantageMode
 from learner.algorithms import Algorithm
 from learner.objectives import Objective
@@ -19,6 +21,44 @@ from rewards.config import RewardConfig
 # A rule of the config that a field's own type cannot say; `cluster.config` prints it with the preset
 # line of the fields it names.
 RULE_ERROR = "cross_field"
+
+# A broken rule: the fields it involves (dotted paths from the top of the tree) and a one-line message.
+Problem = tuple[tuple[str, ...], str]
+ConfigT = TypeVar("ConfigT")
+
+
+def rule_error(fields: tuple[str, ...], message: str) -> PydanticCustomError:
+    """A broken rule as pydantic raises it: a custom error keeps the message as written (no "Value error, "
+    prefix) and carries the fields, so `cluster.config` can point at the preset line that set them."""
+    return PydanticCustomError(RULE_ERROR, "{message}", {"message": message, "fields": fields})
+
+
+class Rules(Generic[ConfigT]):
+    """One layer's rules across sections, in the order they are checked: small functions that return None
+    or the `Problem`. A layer is one model validator that raises the first problem (`enforce`), so a new
+    option's rule is one decorated function beside the others and nothing else to wire."""
+
+    def __init__(self) -> None:
+        self._rules: list[Callable[[ConfigT], Problem | None]] = []
+
+    def rule(self, check: Callable[[ConfigT], Problem | None]) -> Callable[[ConfigT], Problem | None]:
+        """Register `check` (a decorator), after the rules registered before it."""
+        self._rules.append(check)
+        return check
+
+    def first_problem(self, config: ConfigT) -> Problem | None:
+        return next((p for p in (check(config) for check in self._rules) if p is not None), None)
+
+    def enforce(self, config: ConfigT) -> None:
+        """Raise the first broken rule as a RULE_ERROR (inside a model validator: pydantic reports it)."""
+        problem = self.first_problem(config)
+        if problem is not None:
+            raise rule_error(*problem)
+
+
+# The rules across the trainer's sections (prompts, explore, learner, training, ...), below `TrainerConfig`;
+# those that involve the cluster's section are `cluster.config.schema.CLUSTER_RULES`.
+TRAINER_RULES: Rules[TrainerConfig] = Rules()
 
 # Keys that were renamed: the old spelling fails with the new one in the message.
 RENAMED_KEYS: dict[str, str] = {"learner.family": "learner.algorithm",
@@ -168,8 +208,8 @@ class LearnerConfig(BaseModel):
 
 
 class TrainerConfig(BaseModel):
-    """What the single-process trainer and the learner actor read; `cluster.config.SolRLConfig` adds the
-    `cluster` section and the rules across sections."""
+    """What the single-process trainer and the learner actor read; `cluster.config.schema.SolRLConfig` adds the
+    `cluster` section and the rules that involve it. Validation checks `TRAINER_RULES` once every field is valid."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -190,13 +230,98 @@ class TrainerConfig(BaseModel):
         for old, new in RENAMED_KEYS.items():
             section, _, key = old.partition(".")
             if isinstance(data, dict) and isinstance(data.get(section), dict) and key in data[section]:
-                raise PydanticCustomError(RULE_ERROR, "{message}", {
-                    "message": f"{old} was renamed {new}; write {new}: {data[section][key]}", "fields": (old,)})
+                raise rule_error((old,), f"{old} was renamed {new}; write {new}: {data[section][key]}")
         return data
 
+    @property
+    def explore_solver(self) -> Solver:
+        """The solver the explorers sample with: `explore.solver`, or the sampler's when that is None (the paper
+        explores with the solver it regenerates with). The one place that decides it; read this rather than
+        `explore.solver`, which a config built without validation (`model_copy`) may leave None."""
+        return self.explore.solver if self.explore.solver is not None else self.sampler.solver
+
     @model_validator(mode="after")
-    def _explore_solver(self) -> TrainerConfig:
-        # The paper explores with the solver it regenerates with, unless told otherwise.
+    def _record_explore_solver(self) -> TrainerConfig:
+        # Validation writes `explore_solver` into the tree, so the run's config.yaml names the solver it explored
+        # with and a resume keeps it. A new section rather than the given one changed: pydantic keeps a model
+        # instance handed to it, which the caller may still hold or pass on.
         if self.explore.solver is None:
-            self.explore.solver = self.sampler.solver
+            self.explore = self.explore.model_copy(update={"solver": self.explore_solver})
         return self
+
+    @model_validator(mode="after")
+    def _check_trainer_rules(self) -> TrainerConfig:
+        TRAINER_RULES.enforce(self)
+        return self
+
+
+# ---- the rules across the trainer's sections, in the order they are checked ----------------------------
+@TRAINER_RULES.rule
+def _keep_within_candidates(config: TrainerConfig) -> Problem | None:
+    p = config.prompts
+    if p.keep > p.candidates:
+        return ("prompts.keep", "prompts.candidates"), (
+            f"prompts.keep ({p.keep}) must be <= prompts.candidates ({p.candidates}): "
+            "keep is how many of the candidates are regenerated"
+        )
+    return None
+
+
+# Objectives whose update must start from the sampling policy itself (no EMA lag): why, in the message.
+SAMPLES_FROM_THETA_OLD = {
+    "art": "the target, the trust region and the restoration all refer to the policy at the iteration's start, "
+           "which must be the sampling policy (ART replaces the EMA-lagged sampler)",
+    "flow_grpo": "PPO's ratio compares θ with the policy that sampled, which an EMA-lagged θ_old is not",
+}
+
+
+@TRAINER_RULES.rule
+def _objective_trains_on_policy(config: TrainerConfig) -> Problem | None:
+    objective, decay = config.learner.objective, config.learner.decay.type
+    if objective in SAMPLES_FROM_THETA_OLD and decay != 0:
+        return ("learner.objective", "learner.decay.type"), (
+            f"learner.objective ({objective}) needs learner.decay.type = 0 (given {decay}): "
+            f"{SAMPLES_FROM_THETA_OLD[objective]}; set learner.decay.type=0")
+    return None
+
+
+@TRAINER_RULES.rule
+def _halving_cuts_before_the_end(config: TrainerConfig) -> Problem | None:
+    explore = config.explore
+    if explore.schedule == "halving" and not explore.halving_steps < explore.steps:
+        return ("explore.halving_steps", "explore.steps"), (
+            f"explore.halving_steps ({explore.halving_steps}) must be < explore.steps ({explore.steps}): the "
+            "cut comes before the pool finishes; lower halving_steps or use explore.schedule=fixed")
+    return None
+
+
+@TRAINER_RULES.rule
+def _halving_survivors_cover_the_kept(config: TrainerConfig) -> Problem | None:
+    p, explore = config.prompts, config.explore
+    if explore.schedule == "halving" and not p.keep <= explore.halving_survivors <= p.candidates:
+        return ("explore.halving_survivors", "prompts.keep", "prompts.candidates"), (
+            f"explore.halving_survivors ({explore.halving_survivors}) must lie between prompts.keep ({p.keep}) "
+            f"and prompts.candidates ({p.candidates}): the survivors are what selection picks from")
+    return None
+
+
+@TRAINER_RULES.rule
+def _halving_needs_best_worst_sol_rl(config: TrainerConfig) -> Problem | None:
+    learner = config.learner
+    if config.explore.schedule == "halving" and (learner.selection != "best_worst" or learner.algorithm != "sol_rl"):
+        return ("explore.schedule", "learner.selection", "learner.algorithm"), (
+            f"explore.schedule (halving) needs learner.algorithm = sol_rl and learner.selection = best_worst "
+            f"(given {learner.algorithm}, {learner.selection}): it keeps the two ends of the "
+            "ranking, which only best_worst selection of a low-precision pool uses")
+    return None
+
+
+@TRAINER_RULES.rule
+def _pairwise_keeps_two(config: TrainerConfig) -> Problem | None:
+    keep = config.prompts.keep
+    if config.learner.art.pairwise and keep != 2:
+        return ("learner.art.pairwise", "prompts.keep"), (
+            f"learner.art.pairwise (true) needs prompts.keep = 2 (given {keep}): pairwise scores compare one "
+            "winner with one loser per prompt; set prompts.keep=2 or learner.art.pairwise=false"
+        )
+    return None

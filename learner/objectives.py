@@ -1,4 +1,4 @@
-"""Training objectives on tensors: DiffusionNFT, DiffusionART (in `learner.art`), Flow-GRPO (`learner.flow_grpo`).
+"""Training objectives on tensors: DiffusionNFT here; DiffusionART in `learner.art`, Flow-GRPO in `learner.flow_grpo`.
 
 Rectified flow: x_t = (1 − t)·x0 + t·ε, velocity v = ε − x0, data prediction x̂0 = x_t − t·v.
 DiffusionNFT trains only on clean samples x0, re-noised on the forward process at the sampler's own
@@ -11,22 +11,9 @@ from typing import Literal
 
 import torch
 
-from learner.art import art_guidance, art_loss, art_target, pairwise_scores, split_windows, trust_mask
-
 Objective = Literal["nft", "art", "flow_grpo"]  # the update loops of each: `learner.updates.OBJECTIVES`
 
-__all__ = [
-    "Objective",
-    "art_guidance",
-    "art_loss",
-    "art_target",
-    "nft_loss",
-    "nft_optimality",
-    "pairwise_scores",
-    "split_windows",
-    "trained_timestep_indices",
-    "trust_mask",
-]
+__all__ = ["Objective", "nft_loss", "nft_optimality", "trained_timestep_indices"]
 
 
 def nft_optimality(advantages: torch.Tensor, adv_clip_max: float = 5.0) -> torch.Tensor:

@@ -21,6 +21,7 @@ from torch import nn
 
 from diffusion.policy import FlowPolicy
 from diffusion.samplers import Solver
+from learner.iteration_record import Work
 from rewards import Metadata, Reward
 
 if TYPE_CHECKING:
@@ -54,11 +55,11 @@ def regeneration_sampling(config: TrainerConfig, solver: Solver | None = None) -
 
 
 def exploration_sampling(config: TrainerConfig) -> Sampling:
-    """The explorers' ranking pass: the explore steps, the explore solver (the sampler's by default)."""
+    """The explorers' ranking pass: the explore steps and solver (`TrainerConfig.explore_solver`)."""
     explore = config.explore
     halving = (explore.halving_steps, explore.halving_survivors) if explore.schedule == "halving" else None
-    return Sampling(explore.steps, explore.solver or config.sampler.solver, config.sampler.cfg_scale,
-                    explore.batch_size, config.sampler.sde_noise_level, halving)
+    return Sampling(explore.steps, config.explore_solver, config.sampler.cfg_scale, explore.batch_size,
+                    config.sampler.sde_noise_level, halving)
 
 
 def evaluation_sampling(config: TrainerConfig) -> Sampling:
@@ -109,6 +110,7 @@ class Group:
     prompt: str
     samples: Generated  # the K training samples (x0, true rewards, visited states when asked)
     proxy: torch.Tensor | None  # proxy rewards of those K seeds, when a cheaper pass ranked them
+    work: Work = field(default_factory=Work)  # the sample-steps spent making it (its pool's, when ranked here)
 
 
 @torch.no_grad()
@@ -151,10 +153,8 @@ def score(reward: Reward | None, images: torch.Tensor | None, prompts: list[str]
     """The reward of decoded images (float32 [B]) and its details; (None, {}) without a reward."""
     if reward is None:
         return None, {}
-    if hasattr(reward, "score_and_details"):
-        rewards, details = reward.score_and_details(images, prompts, metadata)
-        return rewards.float(), details
-    return reward(images, prompts, metadata).float(), {}
+    rewards, details = reward.score_and_details(images, prompts, metadata)
+    return rewards.float(), details
 
 
 def successive_halving(policy: FlowPolicy, engine: nn.Module | None, reward: Reward, prompt: str,

@@ -1,13 +1,97 @@
-"""The run's log: metrics.jsonl (one JSON record per iteration) and the one-line progress report."""
+"""The run's log: its one writer (`RunLog`), metrics.jsonl's format and the one-line progress report.
+
+Whoever drives the loop (the Ray driver, or the single-process `Trainer.run`) completes each
+iteration's `IterationRecord` and hands it to `RunLog.write`, the only code that writes metrics.jsonl,
+base_eval.json, the experiment log (W&B / TensorBoard) and, in a Ray job, the dashboard's gauges: the
+same record reaches every one of them, complete.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from diffusion.progress import Progress
+from learner.config import TrainerConfig
+from learner.experiment_log import ExperimentLog, GridSamples
+from learner.iteration_record import IterationRecord
+
+METRICS_FILE = "metrics.jsonl"
+BASE_EVAL_FILE = "base_eval.json"
+SUMMARY_FILE = "summary.json"
+
+
+class Gauges(Protocol):
+    """The dashboard's series of the run (`actors.metrics.LearnerMetrics` in a Ray job)."""
+
+    def record(self, values: dict[str, Any]) -> None: ...
+
+
+def read_base_evaluation(run_dir: Path) -> dict[str, float]:
+    """The base model's held-out evaluation of the run in `run_dir` ({} when it was not evaluated)."""
+    path = run_dir / BASE_EVAL_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """summary.json: what the whole run left (its caller decides the fields), written whole or not at all."""
+    path, tmp = run_dir / SUMMARY_FILE, run_dir / (SUMMARY_FILE + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+class RunLog:
+    """The run's records from iteration `start` on: metrics.jsonl is cut to the iterations before `start`
+    (what a checkpoint at `start` covers; later lines are redone), and `history` holds every record of
+    the run. Without a run directory only `history` and the gauges are kept."""
+
+    def __init__(self, run_dir: Path | None, config: TrainerConfig, *, start: int = 0,
+                 gauges: Gauges | None = None) -> None:
+        self.run_dir, self.total, self.gauges = run_dir, config.run.iterations, gauges
+        self.history: list[dict[str, Any]] = []
+        self.base: dict[str, float] = {}
+        self.experiment: ExperimentLog | None = None
+        if run_dir is not None:
+            self.history = truncate_metrics(run_dir / METRICS_FILE, start)
+            self.base = read_base_evaluation(run_dir)
+            self.experiment = ExperimentLog.open(config.logging, run_dir, run_dir.name, config.model_dump(mode="json"))
+
+    def skipped_updates(self) -> int:
+        """Updates the run has skipped so far (the last record's count: a resumed run continues it)."""
+        return int(self.history[-1].get("skipped_updates", 0)) if self.history else 0
+
+    def write_base(self, evaluation: dict[str, float], grid: GridSamples | None) -> None:
+        """The base model's evaluation: base_eval.json (kept for resumed runs) and the experiment log's step 0."""
+        self.base = dict(evaluation)
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / BASE_EVAL_FILE).write_text(json.dumps(self.base) + "\n")
+        if self.experiment is not None:
+            self.experiment.log(0, self.base, grid)
+
+    def write(self, record: IterationRecord) -> dict[str, Any]:
+        """One finished iteration, to every destination; its metrics.jsonl row. After the run's last
+        iteration the experiment log closes."""
+        row = record.row()
+        self.history.append(row)
+        if self.run_dir is not None:
+            append_metrics(self.run_dir / METRICS_FILE, row)
+        if self.gauges is not None:
+            self.gauges.record(row)
+        if self.experiment is not None:
+            step = record.iteration + 1
+            self.experiment.log(step, row, record.finished.grid)
+            if step >= self.total:
+                self.close()
+        return row
+
+    def close(self) -> None:
+        if self.experiment is not None:
+            self.experiment.close()
+            self.experiment = None
 
 
 def append_metrics(path: Path, metrics: dict[str, Any]) -> None:

@@ -26,29 +26,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import re
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 
+from diffusion.device import module_device
 from learner.config import TrainingConfig
 from learner.ema import ParameterEMA
+from learner.lora_adapters import ADAPTERS, enable_gradient_checkpointing, inject_adapters, merged_lora
 
 if TYPE_CHECKING:
     from diffusion.policy import FlowPolicy
 
 View = Literal["theta", "old", "reference"]
 VIEWS: tuple[str, ...] = ("theta", "old", "reference")
-ADAPTERS = {"theta": "default", "old": "old"}  # peft adapter name of each LoRA view
-
-
-def _device_of(module: nn.Module) -> torch.device:
-    for tensor in module.parameters():
-        return tensor.device
-    return torch.device("cpu")
 
 
 class TrainingState:
@@ -71,7 +64,7 @@ class TrainingState:
         self.config = config or TrainingConfig()
         self.transformer = transformer
         self.mode = self.config.mode
-        self.device = _device_of(transformer)
+        self.device = module_device(transformer)
         self.skipped_steps = 0
         self._view: str = "theta"
         self._base_keys = list(transformer.state_dict().keys())
@@ -81,11 +74,15 @@ class TrainingState:
             if not targets:
                 raise ValueError("LoRA mode needs target modules: set lora_targets or pass the family's targets")
             self.lora_targets = list(targets)
-            self._init_lora(seed)
+            self._layers, self._theta, self._old = inject_adapters(transformer, self.config, self.lora_targets,
+                                                                   self.device, seed)
+            self._set_view("theta")
+            if list(self._merged_lora("old").keys()) != self._base_keys:
+                raise RuntimeError("LoRA injection changed the transformer's keys in an unexpected way")
         else:
             self._init_full()
         if self.config.gradient_checkpointing:
-            self._enable_gradient_checkpointing()
+            enable_gradient_checkpointing(transformer)
         self.ema = ParameterEMA(self._theta, self.config.ema_decay) if self.config.ema else None
         self.optimizer = torch.optim.AdamW(
             list(self._theta.values()),
@@ -100,71 +97,11 @@ class TrainingState:
         """A state on `policy.transformer`, with the policy's family LoRA targets as the default."""
         return cls(policy.transformer, config, family_targets=policy.family.lora_targets, seed=seed)
 
-    # ---- construction --------------------------------------------------------------------------
-    def _init_lora(self, seed: int) -> None:
-        from peft import LoraConfig
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        transformer = self.transformer
-        if not hasattr(transformer, "add_adapter"):
-            raise TypeError(f"{type(transformer).__name__} has no add_adapter (a diffusers PeftAdapterMixin model)")
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        # peft's own init draws from the global RNG; a second adapter makes peft warn (it is on purpose).
-        with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Already found a `peft_config`")
-            for adapter in ("default", "old"):
-                lora = LoraConfig(
-                    r=self.config.lora_rank,
-                    lora_alpha=self.config.lora_alpha,
-                    target_modules=list(self.lora_targets or ()),
-                    init_lora_weights=True,
-                    lora_dropout=0.0,
-                )
-                transformer.add_adapter(lora, adapter_name=adapter)
-        self._layers: list[tuple[str, nn.Module]] = [
-            (name, module) for name, module in transformer.named_modules() if isinstance(module, BaseTunerLayer)
-        ]
-        for name, layer in self._layers:
-            for attribute in ("_active_adapter", "_disable_adapters", "get_delta_weight", "get_base_layer"):
-                if not hasattr(layer, attribute):
-                    raise RuntimeError(f"peft layer {name} has no {attribute!r}: unsupported peft version")
-        self._theta = self._adapter_parameters("default")
-        self._old = self._adapter_parameters("old")
-        if self._theta.keys() != self._old.keys():
-            raise RuntimeError("the 'default' and 'old' adapters have different parameters")
-
-        # Deterministic init from `seed`: A ~ kaiming-uniform(a=√5) (peft's and nn.Linear's default), B = 0.
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, param in self._theta.items():
-                if ".lora_A." in name:
-                    fresh = torch.empty(param.shape, dtype=torch.float32)
-                    nn.init.kaiming_uniform_(fresh, a=math.sqrt(5), generator=generator)
-                    param.copy_(fresh)
-                elif ".lora_B." in name:
-                    param.zero_()
-                else:
-                    raise RuntimeError(f"unexpected LoRA parameter {name}: only plain LoRA (A, B) is supported")
-            for name, param in self._old.items():
-                param.copy_(self._theta[name])
-        for param in self.transformer.parameters():
-            param.requires_grad_(False)
-        for param in self._theta.values():
-            param.requires_grad_(True)
-        self._set_view("theta")
-        merged_keys = list(self._merged_lora("old").keys())
-        if merged_keys != self._base_keys:
-            raise RuntimeError("LoRA injection changed the transformer's keys in an unexpected way")
-
-    def _adapter_parameters(self, adapter: str) -> dict[str, nn.Parameter]:
-        """Parameters of one adapter, named without the adapter segment (…lora_A.weight)."""
-        pattern = re.compile(rf"(\.lora_\w+)\.{re.escape(adapter)}(?=\.|$)")
-        out: dict[str, nn.Parameter] = {}
-        for name, param in self.transformer.named_parameters():
-            canonical, found = pattern.subn(r"\1", name)
-            if found:
-                out[canonical] = param
-        return out
+    @property
+    def lora_scale(self) -> float:
+        """The factor of B @ A in each adapted weight (peft's scaling, not rsLoRA): lora_alpha / lora_rank.
+        A `lora` weight-sync snapshot carries it, for the explorers' merge."""
+        return self.config.lora_alpha / self.config.lora_rank
 
     def _init_full(self) -> None:
         transformer = self.transformer
@@ -174,19 +111,6 @@ class TrainingState:
         transformer.requires_grad_(True)
         self._theta = dict(transformer.named_parameters())
         self._old = dict(self.old_model.named_parameters())
-
-    def _enable_gradient_checkpointing(self) -> None:
-        """diffusers' `ModelMixin.enable_gradient_checkpointing` on the trained transformer only (θ_old
-        and the reference run under no_grad, where diffusers skips checkpointing anyway). Its default
-        checkpoint function is non-reentrant, which gives the LoRA parameters gradients although the
-        blocks' inputs do not require grad."""
-        transformer = self.transformer
-        if not getattr(transformer, "_supports_gradient_checkpointing", False) or not hasattr(
-            transformer, "enable_gradient_checkpointing"
-        ):
-            raise TypeError(f"{type(transformer).__name__} does not support gradient checkpointing (a diffusers "
-                            "model with _supports_gradient_checkpointing); set training.gradient_checkpointing=false")
-        transformer.enable_gradient_checkpointing()
 
     # ---- views ---------------------------------------------------------------------------------
     @property
@@ -318,21 +242,11 @@ class TrainingState:
         return self._merged_lora(view)
 
     def _merged_lora(self, view: str) -> dict[str, torch.Tensor]:
-        state = self.transformer.state_dict()
-        out: dict[str, torch.Tensor] = {}
-        for key, value in state.items():
-            if ".lora_" in key:
-                continue
-            out[key.replace(".base_layer.", ".")] = value
-        for name, layer in self._layers:
-            base = layer.get_base_layer().weight
-            delta = layer.get_delta_weight(ADAPTERS[view])
-            out[f"{name}.weight"] = (base.float() + delta.float()).to(base.dtype)
-        return {key: out[key] for key in self._base_keys if key in out}
+        return merged_lora(self.transformer, self._layers, ADAPTERS[view], self._base_keys)
 
     def sampling_weights(self) -> dict[str, torch.Tensor]:
         """θ_old as a plain transformer state dict (the base's keys, shapes and dtypes): what the explore
-        engines sample with. LoRA: W + (alpha/rank)·B_old@A_old on the adapted weights (fresh tensors),
+        engines sample with. LoRA: W + lora_scale·B_old@A_old on the adapted weights (fresh tensors),
         the frozen base tensors elsewhere. Full mode: θ_old's own tensors, which the next `soft_update`
         overwrites in place — copy them if they must outlive it."""
         return self.merged_weights("old")

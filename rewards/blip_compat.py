@@ -49,8 +49,6 @@ from typing import Any
 
 import torch
 
-import diffusion  # noqa: F401  (makes torchvision importable before timm imports it)
-
 DISTRIBUTION = "image-reward"
 VIT_FILE = "ImageReward/models/BLIP/vit.py"
 MED_FILE = "ImageReward/models/BLIP/med.py"

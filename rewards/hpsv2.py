@@ -46,7 +46,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import diffusion  # noqa: F401  (makes torchvision importable before open_clip imports it)
 from rewards.base import Metadata, Reward, WeightFile, register_reward, require_files
 from rewards.model_placement import resolve_device, resolve_dtype
 from rewards.state_dicts import checkpoint_on_disk, load_state_dict

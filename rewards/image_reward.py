@@ -46,7 +46,6 @@ from typing import Any
 import torch
 from torch import nn
 
-import diffusion  # noqa: F401  (makes torchvision importable before torchvision and timm are imported)
 from rewards.base import Metadata, Reward, WeightFile, register_reward, require_files
 from rewards.blip_compat import bert_model_class, load_blip_modules
 from rewards.jpeg_compressibility import to_pil

@@ -67,8 +67,8 @@ def train(
     """Train a fresh classifier; returns it (eval mode) and its metrics.
 
     The weights depend on the thread count (reductions split differently), so it is fixed and
-    recorded. One thread is the default: the model is tiny, and on a busy 2-core machine two
-    threads were ~7× slower than one (threads spinning against the other load).
+    recorded. One thread is the default: the model is tiny, and on a busy machine more threads spin
+    against the other load instead of helping (docs/benchmarks.md, "The embedded world").
     """
     was_threads = torch.get_num_threads()
     was_deterministic = torch.are_deterministic_algorithms_enabled()

@@ -7,7 +7,8 @@ everywhere is what makes actors and the single-process reference agree bit for b
 
 from __future__ import annotations
 
-from cluster.config import SolRLConfig, load_config
+from cluster.config.loading import load_config
+from cluster.config.schema import SolRLConfig
 
 TINY = [
     "prompts.per_iteration=2", "prompts.candidates=8", "prompts.keep=4", "sampler.steps=4", "explore.steps=3",

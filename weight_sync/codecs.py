@@ -11,7 +11,7 @@
   fake-quantized values (`nvfp4_fake_quant` of that matrix), bit for bit.
 - `lora`: the sampling adapter's tensors only (a few MB); the explorer merges them into its base.
 Numpy arrays, not tensors, because Ray's object store maps numpy zero-copy in every reader on a
-node (a torch tensor is pickled and copied: measured 6× slower to put, 300× slower to get).
+node, while a torch tensor is pickled and copied (docs/benchmarks.md, "Weight sync and the cluster").
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class Manifest:
 
 def _checksum(arrays: Iterable[np.ndarray]) -> str:
     """CRC-32 chained over the arrays' bytes: it catches torn, truncated or mixed snapshots (not
-    tampering) at ~7 GB/s here, 5× faster than blake2b, so verifying costs little next to the copy."""
+    tampering), and zlib's CRC-32 is several times faster than a cryptographic hash (blake2b), so
+    verifying costs little next to the copy (docs/benchmarks.md, "Weight sync and the cluster")."""
     crc = 0
     for array in arrays:
         crc = zlib.crc32(np.ascontiguousarray(array).view(np.uint8).data, crc)
@@ -118,7 +119,7 @@ def encode(
     """A snapshot as flat numpy arrays ("<name>" or "<name>/codes|scales|global") and its manifest.
 
     checksums=False leaves them empty (decode then cannot verify): Ray objects are immutable, so they
-    guard against bugs, not against tearing, and cost one pass over the bytes (≈ 0.15 s per GB here).
+    guard against bugs, not against tearing, and cost one pass over the bytes on each side.
     """
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}: choose one of {', '.join(CODECS)}")

@@ -2,7 +2,8 @@
 
 Precedent: torchforge keeps versioned weights in POSIX shared memory for co-located readers;
 checkpoint-engine, slime and verl move full weights GPU to GPU (CUDA IPC on a node, NCCL broadcast
-between nodes) — see `weight_sync.gpu` for that path. The Ray object store stays the path between nodes.
+between nodes) — planned here in `weight_sync.planned_gpu_path`, not wired in. The Ray object store stays
+the path between nodes.
 
 Region layout (one per node and job, created and unlinked by the node's WeightSyncService):
 
@@ -24,9 +25,9 @@ Protocol — a seqlock over two slots, one writer at a time (the learner):
 
 The active slot is rewritten by the second publish after the one that made it active, so a reader of
 the active slot accepts iff s2 − even(s1) ≤ 2; a reader of the inactive slot iff s1 is even and
-s2 = s1 (the very next publish rewrites it). A trial without the sequence check handed out 33 torn
-snapshots in 1,432 reads; with it, none. tests/weight_sync/test_shm.py counts them: in one run 26
-overtaken reads were detected and retried among 68,272 accepted, none of them used.
+s2 = s1 (the very next publish rewrites it). Without the check readers do get torn snapshots; the
+stress test in tests/weight_sync/test_shm.py counts the overtaken reads it retries (docs/benchmarks.md,
+"Weight sync and the cluster", has the counts).
 Readers *consume* the mapped arrays (decode, copy into the engine) before the check, then accept or
 redo, so nothing torn is ever used: the engine is only trusted after an accepted read.
 

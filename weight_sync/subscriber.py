@@ -8,26 +8,12 @@ from typing import TYPE_CHECKING
 import ray
 import torch
 
+from diffusion.lora import merge_lora
 from weight_sync.codecs import Manifest, decode
 from weight_sync.shm import Region
 
 if TYPE_CHECKING:
     from diffusion.explore import ExploreEngine
-
-
-def merge_lora(
-    base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], scale: float
-) -> dict[str, torch.Tensor]:
-    """W + scale·(B @ A) for every adapted layer "<layer>.lora_A.weight" / "<layer>.lora_B.weight"."""
-    merged = {}
-    for key in adapters:
-        if not key.endswith(".lora_A.weight"):
-            continue
-        layer = key.removesuffix(".lora_A.weight")
-        weight = base[f"{layer}.weight"]
-        delta = (adapters[f"{layer}.lora_B.weight"] @ adapters[key]) * scale
-        merged[f"{layer}.weight"] = (weight.float() + delta.float()).to(weight.dtype)
-    return merged
 
 
 class WeightSubscriber:

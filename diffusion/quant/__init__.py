@@ -9,11 +9,8 @@ does to weights and inputs), ``layer_rule`` (which layers are replaced), ``proje
 from diffusion.quant.backends import BACKENDS, Backend, QuantBackend, get_backend, resolve_backend
 from diffusion.quant.engine import (
     build_engine,
-    engine_backend,
     engine_layers,
     load_weights,
-    quantize_model,
-    quantized_layer_names,
     refresh_quantizers,
     weight_tensors,
 )
@@ -46,7 +43,6 @@ __all__ = [
     "eligible_conv1x1_names",
     "eligible_layers",
     "eligible_linear_names",
-    "engine_backend",
     "engine_layers",
     "fp4_autocast",
     "fp8_fake_quant",
@@ -57,8 +53,6 @@ __all__ = [
     "nvfp4_dequantize",
     "nvfp4_fake_quant",
     "nvfp4_quantize",
-    "quantize_model",
-    "quantized_layer_names",
     "refresh_quantizers",
     "resolve_backend",
     "swap_to_te_linear",

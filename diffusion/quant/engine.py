@@ -1,9 +1,9 @@
 """Low-precision rollout engines: a deep copy of a model whose eligible layers run quantized.
 
 "FP4 explore, BF16 train": the learner keeps the high-precision policy; actors sample with an engine
-built by :func:`quantize_model` (or :func:`build_engine` from an explicit layer list) and receive
-new weights through :func:`load_weights`. Which layers: :mod:`diffusion.quant.layer_rule`; how they
-run: the backend (:mod:`diffusion.quant.backends`).
+built by :func:`build_engine` from the layers :func:`engine_layers` picks (``diffusion.explore.ExploreEngine``
+does both, from the model family and the config) and receive new weights through :func:`load_weights`.
+Which layers: :mod:`diffusion.quant.layer_rule`; how they run: the backend (:mod:`diffusion.quant.backends`).
 
 Calling an engine runs its forward inside its backend's runtime context (TE's FP4 autocast for
 ``te``, nothing for the others), as the official engine does with ``wrap_forward_with_fp8``
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from diffusion.quant.backends import BACKENDS, REGISTRY, Backend, get_backend, resolve_backend
+from diffusion.quant.backends import REGISTRY, get_backend
 from diffusion.quant.layer_rule import EligibleLayers, eligible_layers
 from diffusion.quant.precision import QUANTIZED_PRECISIONS, Precision, check_precision
 
@@ -41,18 +41,6 @@ class _ForwardInRuntime:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with get_backend(self.backend).runtime():
             return type(self.module).forward(self.module, *args, **kwargs)
-
-
-def engine_backend(engine: nn.Module) -> str | None:
-    """The backend whose runtime context ``engine``'s forward enters, ``None`` for a plain model."""
-    forward = engine.__dict__.get("forward")
-    return forward.backend if isinstance(forward, _ForwardInRuntime) else None
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
 
 
 def engine_layers(
@@ -85,35 +73,6 @@ def build_engine(
     return engine
 
 
-def quantize_model(
-    model: nn.Module,
-    precision: Precision,
-    *,
-    skip: Sequence[str] = (),
-    min_dim: int = 0,
-    conv1x1: bool = False,
-    backend: Backend = "auto",
-    block_size: int = 16,
-) -> nn.Module:
-    """A deep copy of ``model`` with every eligible layer quantized; ``model`` is untouched.
-
-    ``precision``: ``"nvfp4"`` (W4A4), ``"nvfp4_w4a16"`` (weights only), ``"fp8"`` (per-tensor E4M3
-    weights and activations) or ``"none"`` (a plain deep copy). Layers: :func:`engine_layers`
-    (``skip``/``min_dim`` per the official rule; ``conv1x1`` adds 1×1 convolutions). ``block_size``
-    other than 16 is supported by the project backend only.
-    """
-    check_precision(precision)
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKENDS)}")
-    if precision == "none":
-        return copy.deepcopy(model)
-    resolved = resolve_backend(backend, precision, _model_device(model))
-    layers = engine_layers(model, resolved, skip=skip, min_dim=min_dim, conv1x1=conv1x1)
-    return build_engine(
-        model, precision, resolved, linears=layers.linears, convs=layers.convs, block_size=block_size
-    )
-
-
 def refresh_quantizers(engine: nn.Module, *, prequantized: Collection[str] = ()) -> None:
     """Recompute every quantizer's amax/scales and cached weights from the current weights.
 
@@ -123,15 +82,6 @@ def refresh_quantizers(engine: nn.Module, *, prequantized: Collection[str] = ())
     """
     for backend in REGISTRY.values():
         backend.refresh(engine, prequantized)
-
-
-def quantized_layer_names(engine: nn.Module) -> list[str]:
-    """Qualified names of the layers of ``engine`` that run quantized, whatever the backend."""
-    return [
-        name
-        for name, module in engine.named_modules()
-        if any(backend.is_quantized(module) for backend in REGISTRY.values())
-    ]
 
 
 def _is_quantizer_state(key: str) -> bool:

@@ -101,7 +101,7 @@ def test_an_unknown_run_name_is_refused_before_any_work(capsys) -> None:
 def test_every_named_run_is_a_valid_config_that_sets_what_its_name_says() -> None:
     from bench.convergence import RUNS
     from bench.evidence import COMMON, PLAN
-    from cluster.config import load_config
+    from cluster.config.loading import load_config
 
     configs = {name: load_config("configs/embedded.yaml", COMMON + settings) for name, settings in RUNS.items()}
     assert {name for name, _ in PLAN} <= set(RUNS)

@@ -71,7 +71,8 @@ def nan_reward_once(learner) -> None:
                 rewards[0] = float("nan")
             return rewards, details
 
-    learner.trainer.reward = NaNOnce(learner.trainer.reward)
+    rollouts = learner.trainer.rollouts  # the part that scores regenerated samples
+    rollouts.reward = NaNOnce(rollouts.reward)
 
 
 def nan_loss_for_one_update(learner) -> None:

@@ -6,7 +6,7 @@ import ray
 import torch
 from safetensors.torch import load_file
 
-from cluster import driver
+from cluster.runtime import driver
 from diffusion.noise import candidate_seeds
 from learner.evaluation import evaluated_weights
 from learner.rollouts import exploration_sampling, explore_group
@@ -44,9 +44,9 @@ def single_process(cfg, lagged: bool = False) -> dict[str, torch.Tensor]:
                                   prompt=p, seeds=candidate_seeds(cfg.run.seed, iteration, s, cfg.prompts.candidates),
                                   sampling=exploration_sampling(cfg), policy_version=previous)
                     for s, p in enumerate(trainer.prompts_for(iteration))]
-            metrics = trainer.train_iteration(iteration, groups)
+            trainer.train_iteration(iteration, groups)
             trainer.publish()
-            trainer.finish_iteration(metrics)
+            trainer.finish_iteration()
             versions[trainer.version] = {k: v.clone() for k, v in trainer.state.sampling_weights().items()}
         return evaluated_weights(trainer.state)
     finally:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from cluster.check import estimate_memory, main, meta_transformer, run_checks, stored_parameters
-from cluster.config import load_config
+from cluster.config.loading import load_config
 from diffusion.config import EMBEDDED_MODEL
 from diffusion.families import family_for_transformer
 
@@ -60,6 +60,22 @@ def test_a_preset_on_a_cpu_machine_warns_about_gpus_and_nothing_quantized_fails(
 def test_a_bad_config_is_exit_2(capsys):
     assert main(["--set", "explore.precision=int3"]) == 2
     assert "explore.precision" in capsys.readouterr().err
+
+
+def test_a_launch_checks_its_inputs_once_and_its_table_reuses_that_pass(tmp_path, monkeypatch, capsys):
+    """The launcher's resolve runs `check_inputs` before it writes anything; the preflight table it prints
+    next reports that pass instead of checking every input again: each prompt set is read once per launch."""
+    from cluster import launch
+    from cluster.config import preflight
+
+    read, load = [], preflight.load_prompt_set
+    monkeypatch.setattr(preflight, "load_prompt_set", lambda source, **kw: read.append(source) or load(source, **kw))
+    monkeypatch.setattr(launch, "_run", lambda args, plan: 0)  # everything before Ray, not Ray
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert launch.main(["--config", "configs/embedded.yaml", "--run-dir", str(tmp_path / "run")]) == 0
+    prompts = load_config("configs/embedded.yaml").prompts
+    assert read == [prompts.source, prompts.eval_source]
+    assert capsys.readouterr().out.count("ok    inputs") == 1
 
 
 def test_memory_estimate_follows_its_formulas():

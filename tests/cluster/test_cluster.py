@@ -28,7 +28,9 @@ from faults import (
 from jobs import assert_same, final_weights, run_job, single_process
 from tiny import tiny_config, tiny_sets
 
-from cluster import control, driver, launch, learner_group
+from cluster import control, launch
+from cluster.runtime import control_file, driver, learner_group
+from cluster.runtime.explorer_pool import ExplorerCrashLoop, ExplorerPool, RetryPolicy
 from weight_sync.codecs import Manifest, decode
 from weight_sync.shm import Region
 
@@ -135,11 +137,11 @@ class CrashingExplorer:
 
 def test_a_crash_loop_ends_the_job_naming_the_explorer(local_ray):
     actor = CrashingExplorer.remote()
-    job = driver.Job(learners=[], explorers=[actor], placement=None)
+    pool = ExplorerPool([actor], retry=RetryPolicy(max_crashes=3, timeout_s=120))
     stats: dict = {}
-    pending = driver.dispatch(job, 4, [(0, "a handwritten digit one"), (1, "a handwritten digit two")], 0)
-    with pytest.raises(driver.ExplorerCrashLoop, match=r"explorer 0 died 3 times in a row .*iteration 4"):
-        driver.gather(job, 4, pending, 0, stats, driver.RetryPolicy(max_crashes=3, timeout_s=120))
+    batch = pool.submit(4, [(0, "a handwritten digit one"), (1, "a handwritten digit two")], 0)
+    with pytest.raises(ExplorerCrashLoop, match=r"explorer 0 died 3 times in a row .*iteration 4"):
+        pool.collect(batch, stats)
     assert stats["explorer_deaths"] == 3  # the two slots queued on it died together: one death each time
     ray.kill(actor, no_restart=True)
 
@@ -167,7 +169,7 @@ def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, refere
                               on_start=started)
     try:
         assert_same(final_weights(job, run_dir / "final"), reference_weights)
-        summary = launch.finish(cfg, run_dir, job)
+        summary = launch.finish(cfg, run_dir, job, job.log.history)
     finally:
         driver.stop(job)
     assert [m["iteration"] for m in history] == [1]
@@ -212,7 +214,7 @@ def test_learner_killed_while_writing_a_checkpoint_resumes_bitwise(local_ray, tm
     def arm(job, _status) -> None:
         ray.get(job.learner.__ray_call__.remote(die_writing_checkpoint, 2))
 
-    with pytest.raises(learner_group.LearnerDied, match="learner rank 0 of 1 died in finish_iteration"):
+    with pytest.raises(learner_group.LearnerDied, match="learner rank 0 of 1 died in checkpoint"):
         driver.run(cfg, str(run_dir), log=lambda _: None, on_start=arm)
     assert [json.loads(x)["iteration"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     assert json.loads((run_dir / "checkpoint" / "meta.json").read_text())["iteration"] == 1
@@ -286,10 +288,10 @@ def test_explorers_added_and_removed_while_the_job_runs_change_nothing(local_ray
 
     def steer(job, metrics) -> None:
         if metrics["iteration"] == 0:
-            ray.get([ref for ref in job.joining])  # the new explorer has loaded: it joins at iteration 1
+            ray.get([ref for ref in job.pool.joining])  # the new explorer has loaded: it joins at iteration 1
         if metrics["iteration"] == 1:
             seen[1] = ray.get(job.explorers[1].pid.remote())
-            control.write_control(run_dir, explorers=1)
+            control_file.write_control(run_dir, explorers=1)
 
     launch.write_config(run_dir, cfg)  # what the launcher leaves: cluster.control reads the job's room from it
     weights, history = run_job(cfg, run_dir, on_start=grow, on_iteration=steer)
@@ -306,7 +308,7 @@ def test_an_explorer_that_finds_no_room_is_reported_and_dropped_not_left_joining
                  "cluster.explorers.join_timeout_s=1")
     run_dir, logged = tmp_path / "crowded", []
     launch.write_config(run_dir, cfg)
-    control.write_control(run_dir, explorers=2)
+    control_file.write_control(run_dir, explorers=2)
 
     def wait_past_the_deadline(job, metrics) -> None:
         if metrics["iteration"] == 0:

@@ -5,6 +5,7 @@ scrape checks the Grafana dashboard: every series a panel queries is one the job
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from collections import defaultdict
@@ -14,8 +15,9 @@ import ray
 from faults import die_on_explore_call
 from tiny import tiny_config
 
-from cluster import driver
-from cluster.grafana import build_dashboard, metric_names, queries
+from actors.metrics import LEARNER
+from cluster.monitoring.grafana import build_dashboard, metric_names, queries
+from cluster.runtime import driver
 
 pytestmark = pytest.mark.ray
 
@@ -50,7 +52,8 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
         def arm(job, _status) -> None:
             ray.get(job.explorers[0].__ray_call__.remote(die_on_explore_call, 1))
 
-        job, history = driver.run(cfg, str(tmp_path / "metrics"), log=lambda _: None, on_start=arm)
+        logged: list[str] = []
+        job, history = driver.run(cfg, str(tmp_path / "metrics"), log=logged.append, on_start=arm)
         named = {n: ray.get(ray.get_actor(n, namespace=job.namespace).__ray_call__.remote(repr))
                  for n in ("solrl-learner-0", "solrl-explorer-0", "solrl-scorer-0")}
         # the run is over: the scorer's own record of what it scored is final
@@ -72,6 +75,18 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
         ray.shutdown()
     for name, value in wanted.items():
         assert values.get(name) == value, (name, values.get(name), sorted(values))
+    # One writer, one record: metrics.jsonl holds the rows the driver returned and the gauges were set from,
+    # with every number a dashboard gauge or the progress line shows
+    rows = [json.loads(x) for x in (tmp_path / "metrics" / "metrics.jsonl").read_text().splitlines()]
+    assert json.dumps(rows) == json.dumps(history)  # (NaN-safe: a constant group has no ρ)
+    shown = {m.key for m in LEARNER if m.key is not None and m.kind == "gauge"} - {"iterations_planned"}
+    assert shown <= rows[-1].keys(), shown - rows[-1].keys()
+    assert sum(r.get("explorer_deaths", 0) for r in rows) == 1 and "iteration_wall_s" in rows[0]
+    lines = [line for line in logged if line.startswith("iteration ")]
+    assert len(lines) == ITERATIONS
+    for line, row in zip(lines, rows, strict=True):
+        assert f"reward {row['reward_mean']:7.3f}" in line and f"train {row['train_s']:.1f}s" in line
+    assert f"held-out {rows[-1]['eval_reward']:7.3f}" in lines[-1]
     assert values["ray_solrl_explorer_retries_total"] >= 1
     assert values["ray_solrl_weight_syncs_total"] >= ITERATIONS  # versions 0 and 1 (2 is never needed)
     assert values["ray_solrl_reward_mean"] == pytest.approx(history[-1]["reward_mean"], rel=1e-6)

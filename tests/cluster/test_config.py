@@ -6,10 +6,14 @@ import re
 
 import numpy as np
 import pytest
+from engines import quantized_layer_names
+from pydantic import ValidationError
 
-from cluster.config import ConfigError, load_config
+from cluster.config.loading import ConfigError, load_config
+from cluster.config.schema import SolRLConfig
+from diffusion.config import ExploreConfig, SamplerConfig
 from diffusion.explore import ExploreEngine, explore_plan
-from diffusion.quant import quantized_layer_names
+from learner.config import RULE_ERROR, TrainerConfig
 from learner.fidelity import fidelity, hit_rate, tolerant_hit_rate
 
 
@@ -98,6 +102,29 @@ def test_several_problems_are_joined_into_one_line_and_the_tree_is_never_printed
     assert message == ("configs/embedded.yaml line 29: prompts.keep (24) must be <= prompts.candidates (8): keep is "
                        "how many of the candidates are regenerated")
     assert "{" not in message and "invalid configuration" not in message
+
+
+def test_the_trainers_rules_hold_for_the_trainer_config_alone_and_come_before_the_clusters():
+    """The rules across the trainer's sections live with `TrainerConfig` (the single-process trainer's
+    tree); `SolRLConfig` adds those involving `cluster.*` after them: the first broken rule is the error."""
+    with pytest.raises(ValidationError) as info:
+        TrainerConfig.model_validate({"prompts": {"keep": 30, "candidates": 24}})
+    [error] = info.value.errors()
+    assert error["type"] == RULE_ERROR and error["ctx"]["fields"] == ("prompts.keep", "prompts.candidates")
+    message = _one_line_error("configs/embedded.yaml", ["prompts.keep=200", "cluster.codec=lora", "training.mode=full"])
+    assert message.startswith("configs/embedded.yaml line 28: prompts.keep (200) must be <= prompts.candidates (96)")
+
+
+def test_the_explore_solver_is_decided_in_one_place():
+    """`TrainerConfig.explore_solver`: explore.solver, else the sampler's. Validation records it in the tree
+    (so config.yaml names it) without changing the section it was handed; a config built without validation
+    gets the same answer from the property."""
+    given = ExploreConfig()
+    config = SolRLConfig(explore=given, sampler=SamplerConfig(solver="dpm2"))
+    assert config.explore.solver == config.explore_solver == "dpm2" and given.solver is None
+    assert config.model_copy(update={"explore": given}).explore_solver == "dpm2"
+    assert load_config("configs/embedded.yaml", ["sampler.solver=dpm2", "explore.solver=euler"]).explore_solver == \
+        "euler"
 
 
 def test_a_preset_that_is_a_folder_or_not_a_mapping_is_refused(tmp_path):

@@ -10,8 +10,9 @@ import time
 import pytest
 import yaml
 
-from cluster import control, run_lock
-from cluster.config import load_config
+from cluster import control
+from cluster.config.loading import load_config
+from cluster.runtime import control_file, run_lock
 
 
 def make_run(folder, *sets: str):
@@ -24,13 +25,13 @@ def make_run(folder, *sets: str):
 
 def test_a_bad_control_file_is_named_and_a_bad_count_refused(tmp_path, capsys):
     run = make_run(tmp_path / "run", "cluster.explorers.max=3")
-    (run / control.CONTROL_FILE).write_text('{"explorers": 0}')
+    (run / control_file.CONTROL_FILE).write_text('{"explorers": 0}')
     with pytest.raises(ValueError, match=r"control\.json: explorers: Input should be greater than or equal to 1"):
-        control.read_control(run)
+        control_file.read_control(run)
     assert control.main([str(run), "--explorers", "0"]) == 2
     assert "--explorers must be >= 1" in capsys.readouterr().err
     assert control.main([str(run), "--explorers", "3"]) == 0  # a broken file is replaced
-    assert control.read_control(run).explorers == 3
+    assert control_file.read_control(run).explorers == 3
 
 
 def test_control_refuses_what_the_job_could_not_do_in_one_line(tmp_path, capsys):
@@ -46,7 +47,7 @@ def test_control_refuses_what_the_job_could_not_do_in_one_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "room for at most 1 explorer(s) (cluster.explorers.max" in err
     assert "--set cluster.explorers.max=3" in err
-    assert not (run / control.CONTROL_FILE).exists()
+    assert not (run / control_file.CONTROL_FILE).exists()
 
     roomy = make_run(tmp_path / "roomy", "cluster.explorers.max=3")
     assert control.main([str(roomy), "--explorers", "3"]) == 0
@@ -55,16 +56,17 @@ def test_control_refuses_what_the_job_could_not_do_in_one_line(tmp_path, capsys)
     (roomy / "summary.json").write_text("{}")
     assert control.main([str(roomy), "--explorers", "2"]) == 2
     assert "the run has finished (summary.json) and no job runs on it" in capsys.readouterr().err
-    assert control.read_control(roomy).explorers == 3
+    assert control_file.read_control(roomy).explorers == 3
 
 
 def test_control_names_the_launcher_holding_a_running_job(tmp_path, capsys):
-    """A job runs while some process holds the run directory's lock (`cluster.run_lock`): here a real
+    """A job runs while some process holds the run directory's lock (`cluster.runtime.run_lock`): here a real
     second process, as a launcher would be."""
     run = make_run(tmp_path / "run", "cluster.explorers.max=2")
     (run / "summary.json").write_text("{}")  # a finished run being extended: running, so steerable
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from cluster import run_lock; lock = run_lock.acquire(Path(sys.argv[1]), 'sub-1'); "
+                               "from cluster.runtime import run_lock; "
+                               "lock = run_lock.acquire(Path(sys.argv[1]), 'sub-1'); "
                                "print('held', flush=True); time.sleep(60)", str(run)],
                               stdout=subprocess.PIPE, text=True)
     try:

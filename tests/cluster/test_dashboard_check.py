@@ -2,8 +2,8 @@
 
 import pytest
 
-from cluster import dashboard_check
-from cluster.config import load_config
+from cluster.config.loading import load_config
+from cluster.monitoring import dashboard_check
 
 
 def test_without_its_tools_it_names_the_packages_and_starts_nothing(tmp_path, monkeypatch, capsys):

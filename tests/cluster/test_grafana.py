@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from actors.metrics import METRICS, UNITS
-from cluster.grafana import (
+from cluster.monitoring.grafana import (
     DASHBOARD_FILE,
     OUTPUT_DIR_ENV,
     PANELS,

@@ -17,7 +17,7 @@ import pytest
 from tiny import tiny_sets
 
 from bench.plan import load_costs
-from cluster.config import ConfigError, load_config
+from cluster.config.loading import ConfigError, load_config
 from cluster.launch import IN_RAY_JOB, run_directory
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from faults import die_in_update
 from jobs import assert_same, final_weights
 from tiny import tiny_config
 
-from cluster import driver, learner_group
+from cluster.runtime import driver, learner_group
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("no_leftover_actors")]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # theta_and_old runs inside the learners

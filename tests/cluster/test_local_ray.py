@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cluster import local_ray
+from cluster.runtime import local_ray
 
 
 def dead_launcher() -> tuple[int, float]:

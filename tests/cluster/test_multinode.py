@@ -13,7 +13,7 @@ from jobs import assert_same, final_weights
 from ray.cluster_utils import Cluster
 from tiny import tiny_config
 
-from cluster import driver
+from cluster.runtime import driver
 
 pytestmark = pytest.mark.ray
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # node_of runs inside the actors

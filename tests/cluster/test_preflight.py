@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from cluster.config import ConfigError, load_config
-from cluster.preflight import check_inputs
+from cluster.config.loading import ConfigError, load_config
+from cluster.config.preflight import check_inputs
 from diffusion.config import EMBEDDED_MODEL
 from diffusion.loading import check_model_folder, check_safetensors
 from diffusion.prompts import load_prompts
@@ -405,6 +405,16 @@ def test_check_inputs_applies_the_cross_field_rules_to_an_unvalidated_config():
     broken = config.model_copy(update={"prompts": config.prompts.model_copy(update={"keep": 200})})
     fails(broken, r"prompts\.keep \(200\) must be <= prompts\.candidates \(96\): .*")
     assert config_with("learner.art.pairwise=true", "prompts.keep=2").learner.art.pairwise
+
+
+def test_check_inputs_validates_an_unvalidated_config_again_field_constraints_and_cluster_rules_too():
+    config = config_with()
+    fails(config.model_copy(update={"explore": config.explore.model_copy(update={"steps": 0})}),
+          r"explore\.steps: Input should be greater than or equal to 1 \(given 0\)")
+    lora_full = {"cluster": config.cluster.model_copy(update={"codec": "lora"}),
+                 "training": config.training.model_copy(update={"mode": "full"})}
+    fails(config.model_copy(update=lora_full),
+          r"cluster\.codec \(lora\) needs training\.mode = lora \(given full\): .*")
 
 
 def test_an_odd_keep_is_accepted_with_a_note():

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from bench.plan import PAPER_SHAPE, best_split, paper_costs
-from cluster.config import ConfigError, load_config
-from cluster.preflight import check_inputs
+from cluster.config.loading import ConfigError, load_config
+from cluster.config.preflight import check_inputs
 from diffusion.prompts import load_prompts
 
 # preset → (model family, resolution, solver, trained-timestep fraction, grad clip, evaluation steps)

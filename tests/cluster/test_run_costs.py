@@ -7,8 +7,8 @@ import json
 import pytest
 
 from bench.plan import load_costs
-from cluster.config import load_config
-from cluster.run_costs import measured_costs
+from cluster.config.loading import load_config
+from cluster.reports.run_costs import measured_costs
 
 
 def test_costs_follow_their_formulas_over_the_iterations_after_the_first(tmp_path):

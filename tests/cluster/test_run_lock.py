@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from cluster import run_lock
+from cluster.runtime import run_lock
 
-HOLD = ("import sys, time; from pathlib import Path; from cluster import run_lock; "
+HOLD = ("import sys, time; from pathlib import Path; from cluster.runtime import run_lock; "
         "lock = run_lock.acquire(Path(sys.argv[1]), sys.argv[2]); print('held', flush=True); time.sleep(120)")
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
+from engines import quantize, quantized_layer_names, runtime_backend
 from torch import nn
 
 from diffusion.config import ExploreConfig
@@ -23,12 +24,9 @@ from diffusion.explore import ExploreEngine, ExplorePlan, explore_plan
 from diffusion.quant import (
     build_engine,
     eligible_linear_names,
-    engine_backend,
     engine_layers,
     load_weights,
     nvfp4_fake_quant,
-    quantize_model,
-    quantized_layer_names,
     te_available,
     te_backend,
 )
@@ -114,7 +112,7 @@ def test_a_te_engine_runs_every_te_layer_inside_the_fp4_autocast_by_itself(fake_
     assert layers.linears == ("proj",) and layers.convs == ("conv",)  # small: 8 is not a multiple of 16
     engine = build_engine(model, "nvfp4", "te", linears=layers.linears, convs=layers.convs)
     assert set(te_layers(engine, fake_te)) == {"proj", "conv"} and quantized_layer_names(engine) == ["proj", "conv"]
-    assert engine_backend(engine) == "te"
+    assert runtime_backend(engine) == "te"
     # Keys and shapes of the high-precision model: the conv's TE weight shows as [out, in, 1, 1].
     assert {k: v.shape for k, v in engine.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
 
@@ -183,17 +181,17 @@ def test_project_engine_equals_the_quantized_model_and_the_hand_computation(embe
     transformer = embedded_policy.transformer
     skip = embedded_policy.family.quant.skip
     assert engine.plan.linears == tuple(eligible_linear_names(transformer, skip=skip, min_dim=64))
-    assert engine.plan.backend == "project" and engine_backend(engine.module) == "project"
+    assert engine.plan.backend == "project" and runtime_backend(engine.module) == "project"
     assert quantized_layer_names(engine.module) == list(engine.plan.layers)
     assert list(engine.module.state_dict()) == list(transformer.state_dict())
 
-    hand = quantize_model(transformer, "none")
+    hand = quantize(transformer, "none")
     for name in engine.plan.linears:
         hand.set_submodule(name, HandQuantLinear(hand.get_submodule(name)))
     inputs = sd3_inputs(embedded_policy)
     with torch.no_grad():
         out = engine.module(**inputs)[0]
-        assert torch.equal(out, quantize_model(transformer, "nvfp4", skip=skip, min_dim=64, backend="project")(
+        assert torch.equal(out, quantize(transformer, "nvfp4", skip=skip, min_dim=64, backend="project")(
             **inputs)[0])
         assert torch.equal(out, hand(**inputs)[0])
         assert not torch.equal(out, transformer(**inputs)[0])
@@ -213,7 +211,7 @@ def test_plan_follows_the_family_unless_the_config_overrides(embedded_policy) ->
 def test_precision_none_is_a_plain_copy(embedded_policy) -> None:
     engine = ExploreEngine(embedded_policy, ExploreConfig(precision="none"))
     assert engine.plan == ExplorePlan("none", "none", (), (), ())
-    assert engine.module is not embedded_policy.transformer and engine_backend(engine.module) is None
+    assert engine.module is not embedded_policy.transformer and runtime_backend(engine.module) is None
     inputs = sd3_inputs(embedded_policy)
     with torch.no_grad():
         assert torch.equal(engine.module(**inputs)[0], embedded_policy.transformer(**inputs)[0])
@@ -225,9 +223,9 @@ def test_load_refreshes_the_quantizers(embedded_policy) -> None:
     transformer = embedded_policy.transformer
     new = {key: value * 1.25 for key, value in transformer.state_dict().items()}
     engine.load(new)
-    fresh = quantize_model(transformer, "none")
+    fresh = quantize(transformer, "none")
     fresh.load_state_dict(new)
-    expected = quantize_model(fresh, "nvfp4", skip=embedded_policy.family.quant.skip, min_dim=64)
+    expected = quantize(fresh, "nvfp4", skip=embedded_policy.family.quant.skip, min_dim=64)
     inputs = sd3_inputs(embedded_policy)
     with torch.no_grad():
         assert torch.equal(engine.module(**inputs)[0], expected(**inputs)[0])

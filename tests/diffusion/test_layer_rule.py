@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engines import quantize, quantized_layer_names
 from torch import nn
 
 from diffusion.families import FLUX, SANA, SD3
@@ -17,8 +18,6 @@ from diffusion.quant import (
     eligible_layers,
     eligible_linear_names,
     is_conv1x1,
-    quantize_model,
-    quantized_layer_names,
 )
 
 
@@ -89,7 +88,7 @@ def test_only_unpadded_ungrouped_unit_stride_1x1_convs_are_candidates() -> None:
     assert eligible_layers(model).convs == ()  # convs only with conv1x1=True
     both = eligible_layers(model, min_dim=64, conv1x1=True)
     assert both.linears == tuple(f"blocks.{i}.attn.to_qkv" for i in range(11)) and both.convs == ("ff",)
-    engine = quantize_model(model, "nvfp4_w4a16", min_dim=64, conv1x1=True)
+    engine = quantize(model, "nvfp4_w4a16", min_dim=64, conv1x1=True)
     assert quantized_layer_names(engine) == [*both.linears, "ff"]
 
 

@@ -12,7 +12,7 @@ import torch
 from diffusers import FluxTransformer2DModel, SanaTransformer2DModel, SD3Transformer2DModel
 from torch import nn
 
-from cluster.config import load_config
+from cluster.config.loading import load_config
 from diffusion.config import ModelConfig
 from diffusion.loading import load_policy, load_policy_from_config
 from learner.config import TrainingConfig

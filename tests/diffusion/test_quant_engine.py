@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from engines import quantize, quantized_layer_names, runtime_backend
 from torch import nn
 
 from diffusion.quant import (
@@ -17,19 +18,18 @@ from diffusion.quant import (
     QuantLinear,
     build_engine,
     eligible_linear_names,
-    engine_backend,
     fp4_autocast,
     fp8_fake_quant,
     is_blackwell,
     load_weights,
     nvfp4_fake_quant,
-    quantize_model,
-    quantized_layer_names,
     refresh_quantizers,
+    resolve_backend,
     swap_to_te_linear,
     te_available,
 )
 from diffusion.quant.layer_rule import is_replaced
+from diffusion.quant.precision import check_precision
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 
@@ -113,8 +113,8 @@ def test_selection_rules() -> None:
     per_block = ["norm1.linear", "attn.qkv", "attn.proj_out", "ff.0", "ff.2"]
     everything = ["proj_in", *(f"blocks.{i}.{n}" for i in range(2) for n in per_block), "proj_out"]
     assert eligible_linear_names(model) == everything  # mha.out_proj (a subclass) is never eligible
-    assert quantized_layer_names(quantize_model(model, "nvfp4")) == everything
-    engine = quantize_model(model, "nvfp4", skip=["norm1", "attn.qkv", "blocks.1.ff"])
+    assert quantized_layer_names(quantize(model, "nvfp4")) == everything
+    engine = quantize(model, "nvfp4", skip=["norm1", "attn.qkv", "blocks.1.ff"])
     assert quantized_layer_names(engine) == [
         "proj_in",
         "blocks.0.attn.proj_out",
@@ -124,24 +124,24 @@ def test_selection_rules() -> None:
         "proj_out",
     ]
     # "proj" is a substring of proj_in, attn.proj_out and proj_out.
-    assert quantized_layer_names(quantize_model(model, "nvfp4", skip=["proj"])) == [
+    assert quantized_layer_names(quantize(model, "nvfp4", skip=["proj"])) == [
         name for name in everything if "proj" not in name
     ]
     # min_dim skips a layer when max(in, out) <= min_dim. Larger dims here: proj_in 32, norm1.linear 64,
     # qkv 48, attn.proj_out 48, ff.0 64, ff.2 64, proj_out 32.
-    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=64)) == []
-    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=48)) == [
+    assert quantized_layer_names(quantize(model, "fp8", min_dim=64)) == []
+    assert quantized_layer_names(quantize(model, "fp8", min_dim=48)) == [
         name for name in everything if name.endswith(("norm1.linear", "ff.0", "ff.2"))
     ]
-    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=32)) == everything[1:-1]
-    assert quantized_layer_names(quantize_model(model, "fp8", min_dim=31)) == everything
-    assert quantized_layer_names(quantize_model(model, "none")) == []
+    assert quantized_layer_names(quantize(model, "fp8", min_dim=32)) == everything[1:-1]
+    assert quantized_layer_names(quantize(model, "fp8", min_dim=31)) == everything
+    assert quantized_layer_names(quantize(model, "none")) == []
 
 
 def test_engine_keeps_state_dict_keys_and_leaves_the_original_untouched() -> None:
     model = Nested()
     before = snapshot(model)
-    engine = quantize_model(model, "nvfp4")
+    engine = quantize(model, "nvfp4")
     assert list(engine.state_dict()) == list(before)
     for key, value in engine.state_dict().items():
         assert torch.equal(value, before[key])
@@ -156,7 +156,7 @@ def test_engine_keeps_state_dict_keys_and_leaves_the_original_untouched() -> Non
 def test_forward_equals_hand_computation(precision: str, dtype: torch.dtype) -> None:
     model = mlp().to(dtype)
     x = torch.randn(7, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
-    engine = quantize_model(model, precision, backend="project")
+    engine = quantize(model, precision, backend="project")
     with torch.no_grad():
         assert_bitwise_equal(engine(x), hand_forward(model, x, precision))
         assert not torch.equal(engine(x), model(x))  # quantization did change the result
@@ -164,7 +164,7 @@ def test_forward_equals_hand_computation(precision: str, dtype: torch.dtype) -> 
 
 def test_quantlinear_caches_weight_amax_in_non_persistent_buffers() -> None:
     model = mlp()
-    layer = quantize_model(model, "nvfp4")[2]
+    layer = quantize(model, "nvfp4")[2]
     assert isinstance(layer, QuantLinear)
     assert layer.weight_amax.item() == model[2].weight.abs().max().item()
     assert_bitwise_equal(layer.weight_fq, nvfp4_fake_quant(model[2].weight.detach()))
@@ -173,7 +173,7 @@ def test_quantlinear_caches_weight_amax_in_non_persistent_buffers() -> None:
 
 def test_project_backend_supports_other_block_sizes() -> None:
     model = mlp()
-    engine = quantize_model(model, "nvfp4_w4a16", block_size=32)
+    engine = build_engine(model, "nvfp4_w4a16", "project", linears=eligible_linear_names(model), block_size=32)
     x = torch.randn(4, 32)
     expected = x
     for layer in model:
@@ -181,18 +181,18 @@ def test_project_backend_supports_other_block_sizes() -> None:
         expected = F.linear(expected, weight, layer.bias) if weight is not None else layer(expected)
     with torch.no_grad():
         assert_bitwise_equal(engine(x), expected)
-        assert not torch.equal(engine(x), quantize_model(model, "nvfp4_w4a16")(x))
+        assert not torch.equal(engine(x), quantize(model, "nvfp4_w4a16")(x))
 
 
 def test_a_bare_linear_becomes_a_quantlinear() -> None:
     linear = mlp()[0]
-    engine = quantize_model(linear, "nvfp4_w4a16")
+    engine = quantize(linear, "nvfp4_w4a16")
     assert isinstance(engine, QuantLinear) and quantized_layer_names(engine) == [""]
 
 
 def test_none_is_a_plain_deep_copy() -> None:
     model = mlp()
-    engine = quantize_model(model, "none")
+    engine = quantize(model, "none")
     x = torch.randn(3, 32)
     assert engine is not model and engine[0].weight is not model[0].weight
     assert not any(isinstance(module, QuantLinear) for module in engine.modules())
@@ -202,11 +202,11 @@ def test_none_is_a_plain_deep_copy() -> None:
 
 @pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_w4a16", "fp8"])
 def test_load_weights_then_refresh_equals_a_fresh_engine(precision: str) -> None:
-    engine = quantize_model(mlp(0), precision)
+    engine = quantize(mlp(0), precision)
     pointers = {key: value.data_ptr() for key, value in engine.state_dict().items()}
     new = mlp(1)
     load_weights(engine, new.state_dict())
-    fresh = quantize_model(new, precision)
+    fresh = quantize(new, precision)
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert_bitwise_equal(engine(x), fresh(x))
@@ -217,7 +217,7 @@ def test_load_weights_then_refresh_equals_a_fresh_engine(precision: str) -> None
 
 
 def test_load_weights_accepts_numpy_arrays() -> None:
-    engine = quantize_model(mlp(0), "nvfp4")
+    engine = quantize(mlp(0), "nvfp4")
     new = mlp(1)
     arrays = {key: value.numpy() for key, value in new.state_dict().items()}
     for array in arrays.values():
@@ -225,17 +225,17 @@ def test_load_weights_accepts_numpy_arrays() -> None:
     load_weights(engine, arrays)
     x = torch.randn(5, 32)
     with torch.no_grad():
-        assert_bitwise_equal(engine(x), quantize_model(new, "nvfp4")(x))
+        assert_bitwise_equal(engine(x), quantize(new, "nvfp4")(x))
 
 
 def test_copying_weights_without_refresh_leaves_stale_quantized_weights() -> None:
-    engine = quantize_model(mlp(0), "nvfp4")
+    engine = quantize(mlp(0), "nvfp4")
     new = mlp(1)
     with torch.no_grad():
         for key, value in engine.state_dict().items():
             value.copy_(new.state_dict()[key])
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(3))
-    expected = quantize_model(new, "nvfp4")
+    expected = quantize(new, "nvfp4")
     with torch.no_grad():
         assert not torch.equal(engine(x), expected(x))  # still the old cached weights
         refresh_quantizers(engine)
@@ -243,7 +243,7 @@ def test_copying_weights_without_refresh_leaves_stale_quantized_weights() -> Non
 
 
 def test_partial_state_needs_strict_false() -> None:
-    engine = quantize_model(mlp(0), "fp8")
+    engine = quantize(mlp(0), "fp8")
     new = mlp(1)
     partial = {"2.weight": new[2].weight.detach()}
     with pytest.raises(KeyError, match="lacks 4 key"):
@@ -255,7 +255,7 @@ def test_partial_state_needs_strict_false() -> None:
 
 
 def test_load_weights_rejects_bad_states_without_touching_the_engine() -> None:
-    engine = quantize_model(mlp(0), "nvfp4")
+    engine = quantize(mlp(0), "nvfp4")
     before = snapshot(engine)
     good = {key: value + 1 for key, value in before.items()}
     with pytest.raises(ValueError, match=r"'2\.weight' has shape \(64, 48\), expected \(48, 64\)"):
@@ -272,18 +272,18 @@ def test_load_weights_rejects_bad_states_without_touching_the_engine() -> None:
 
 def test_unknown_precision_and_backend_list_the_allowed_values() -> None:
     with pytest.raises(ValueError, match=r"'nvfp8'.*'nvfp4', 'nvfp4_w4a16', 'fp8', 'none'"):
-        quantize_model(mlp(), "nvfp8")  # type: ignore[arg-type]
+        check_precision("nvfp8")
     assert PRECISIONS == ("nvfp4", "nvfp4_w4a16", "fp8", "none")
     with pytest.raises(ValueError, match=r"'cuda'.*'auto', 'project', 'modelopt', 'te'"):
-        quantize_model(mlp(), "nvfp4", backend="cuda")  # type: ignore[arg-type]
+        resolve_backend("cuda", "nvfp4", mlp()[0].weight.device)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_backend_choice_on_cpu() -> None:
-    assert quantized_layer_names(quantize_model(mlp(), "nvfp4", backend="auto")) == ["0", "2", "4"]
-    assert isinstance(quantize_model(mlp(), "nvfp4")[0], QuantLinear)
+    assert quantized_layer_names(quantize(mlp(), "nvfp4", backend="auto")) == ["0", "2", "4"]
+    assert isinstance(quantize(mlp(), "nvfp4")[0], QuantLinear)
     with pytest.raises(ValueError, match=r"modelopt.*CUDA.*backend='project'"):
-        quantize_model(mlp(), "nvfp4", backend="modelopt")
+        quantize(mlp(), "nvfp4", backend="modelopt")
 
 
 @pytest.mark.skipif(te_available(), reason="checks the behaviour without Transformer Engine")
@@ -291,7 +291,7 @@ def test_te_unavailable_is_a_clear_error() -> None:
     if not torch.cuda.is_available():
         assert not is_blackwell()
     with pytest.raises(ValueError, match="backend='te' needs Transformer Engine"):
-        quantize_model(mlp(), "nvfp4", backend="te")
+        quantize(mlp(), "nvfp4", backend="te")
     with pytest.raises(RuntimeError, match="Transformer Engine is not usable here"):
         swap_to_te_linear(mlp(), ["0"])
     with pytest.raises(RuntimeError, match="Transformer Engine is not usable here"), fp4_autocast():
@@ -301,12 +301,12 @@ def test_te_unavailable_is_a_clear_error() -> None:
 def test_modelopt_backend_matches_the_project_backend_for_fp8_on_cpu() -> None:
     """modelopt's FP8 fake quant also runs on CPU (its NVFP4 one is CUDA-only), so the modelopt
     backend's config, layer selection and refresh are exercised here through the backend registry
-    (``build_engine`` takes the concrete backend as given; ``quantize_model`` would refuse the CPU)."""
+    (``build_engine`` takes the concrete backend as given; an ``ExploreEngine`` would refuse the CPU)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         engine = build_engine(mlp(0), "fp8", "modelopt", linears=["0", "4"])
-        assert quantized_layer_names(engine) == ["0", "4"] and engine_backend(engine) == "modelopt"
-        reference = quantize_model(mlp(0), "fp8", skip=["2"], backend="project")
+        assert quantized_layer_names(engine) == ["0", "4"] and runtime_backend(engine) == "modelopt"
+        reference = quantize(mlp(0), "fp8", skip=["2"], backend="project")
         x = torch.randn(6, 32, generator=torch.Generator().manual_seed(4))
         with torch.no_grad():
             assert_bitwise_equal(engine(x), reference(x))
@@ -350,7 +350,7 @@ def hand_conv1x1(conv: nn.Conv2d, x: torch.Tensor, precision: str) -> torch.Tens
 def test_conv1x1_runs_as_a_quantized_linear_over_channels(precision: str, dtype: torch.dtype) -> None:
     model = ConvFFN().to(dtype)
     x = torch.randn(2, 32, 5, 3, generator=torch.Generator().manual_seed(5)).to(dtype)
-    engine = quantize_model(model, precision, conv1x1=True, backend="project")
+    engine = quantize(model, precision, conv1x1=True, backend="project")
     assert isinstance(engine.up, QuantConv1x1) and quantized_layer_names(engine) == ["up", "down"]
     assert list(engine.state_dict()) == list(model.state_dict())
     assert engine.up.weight.shape == (64, 32, 1, 1) and engine.up.weight_fq.shape == (64, 32)
@@ -358,15 +358,15 @@ def test_conv1x1_runs_as_a_quantized_linear_over_channels(precision: str, dtype:
         expected = hand_conv1x1(model.down, F.gelu(hand_conv1x1(model.up, x, precision)), precision)
         assert_bitwise_equal(engine(x), expected)
         assert not torch.equal(engine(x), model(x))
-    assert quantized_layer_names(quantize_model(model, precision)) == []  # convs only with conv1x1
+    assert quantized_layer_names(quantize(model, precision)) == []  # convs only with conv1x1
 
 
 @pytest.mark.parametrize("precision", ["nvfp4", "fp8"])
 def test_conv1x1_load_weights_then_refresh_equals_a_fresh_engine(precision: str) -> None:
-    engine = quantize_model(ConvFFN(0), precision, conv1x1=True)
+    engine = quantize(ConvFFN(0), precision, conv1x1=True)
     new = ConvFFN(1)
     load_weights(engine, new.state_dict())
-    fresh = quantize_model(new, precision, conv1x1=True)
+    fresh = quantize(new, precision, conv1x1=True)
     x = torch.randn(3, 32, 4, 4)
     with torch.no_grad():
         assert_bitwise_equal(engine(x), fresh(x))
@@ -374,13 +374,13 @@ def test_conv1x1_load_weights_then_refresh_equals_a_fresh_engine(precision: str)
 
 
 def test_every_engine_runs_in_its_backends_runtime_and_deep_copies_call_the_copy() -> None:
-    engine = quantize_model(mlp(0), "nvfp4")
-    assert engine_backend(engine) == "project" and engine_backend(mlp(0)) is None
+    engine = quantize(mlp(0), "nvfp4")
+    assert runtime_backend(engine) == "project" and runtime_backend(mlp(0)) is None
     assert set(engine.state_dict()) == set(mlp(0).state_dict())
     x = torch.randn(4, 32)
     copied = copy.deepcopy(engine)
     load_weights(copied, mlp(1).state_dict())
     with torch.no_grad():
-        assert torch.equal(copied(x), quantize_model(mlp(1), "nvfp4")(x))  # the copy's own weights
-        assert torch.equal(engine(x), quantize_model(mlp(0), "nvfp4")(x))
-    assert engine_backend(quantize_model(mlp(0), "none")) is None  # a plain copy runs no backend
+        assert torch.equal(copied(x), quantize(mlp(1), "nvfp4")(x))  # the copy's own weights
+        assert torch.equal(engine(x), quantize(mlp(0), "nvfp4")(x))
+    assert runtime_backend(quantize(mlp(0), "none")) is None  # a plain copy runs no backend

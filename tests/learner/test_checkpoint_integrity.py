@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cluster.figures import save_image_grid, save_reward_curve
+from cluster.reports.figures import save_image_grid, save_reward_curve
 from diffusion.config import EMBEDDED_MODEL
 from diffusion.loading import load_policy
 from diffusion.noise import grid_seeds
@@ -478,7 +478,6 @@ def test_resumed_run_draws_the_same_grid_bytes(tmp_path, small_trainer):
     resumed = small_trainer(*overrides, run_dir=tmp_path / "b")
     info = load_checkpoint(tmp_path / "b" / "checkpoint", resumed.state)  # what Trainer.resume does
     resumed.iteration, resumed.version = info["iteration"], info["extra"]["version"]
-    resumed.counters = dict(info["extra"]["counters"])
     resumed.publish()
     resumed.run(2, log=lambda _: None)
 

@@ -25,9 +25,9 @@ def _rank(rank: int, world: int, address: str, overrides: list[str], out: str) -
     trainer = Trainer(tiny_config(*overrides), shard=shard)
     history = []
     for iteration in range(2):
-        metrics = trainer.train_iteration(iteration)
-        trainer.finish_iteration(metrics)
-        history.append(metrics)
+        result = trainer.train_iteration(iteration)
+        trainer.finish_iteration()
+        history.append(result.metrics())
     torch.save({"theta": {k: v.detach() for k, v in trainer.state.theta_parameters().items()},
                 "old": {k: v.detach() for k, v in trainer.state.old_parameters().items()},
                 "history": history}, f"{out}/rank{rank}.pt")
@@ -38,7 +38,10 @@ def _alone(overrides: list[str]) -> tuple[dict, list]:
     torch.set_num_threads(1)
     try:
         trainer = Trainer(tiny_config(*overrides))
-        history = [trainer.finish_iteration(trainer.train_iteration(i)) for i in range(2)]
+        history = []
+        for i in range(2):
+            history.append(trainer.train_iteration(i).metrics())
+            trainer.finish_iteration()
         return {k: v.detach() for k, v in trainer.state.theta_parameters().items()}, history
     finally:
         torch.set_num_threads(threads)
@@ -65,7 +68,8 @@ def test_two_ranks_train_like_one_learner(objective, tmp_path):
     assert worst <= TOLERANCE, worst
     moved = max(float(theta[k].abs().max()) for k in theta if ".lora_B." in k)
     assert moved > 100 * TOLERANCE  # the comparison is not of two untouched adapters
-    group = ranks[0]["history"]
+    group = [{**m, "fp_sample_steps": m["fp_sample_steps"] + other["fp_sample_steps"]}  # the group's work: the sum
+             for m, other in zip(ranks[0]["history"], ranks[1]["history"], strict=True)]
     # the whole batch's numbers, gathered from both ranks: exact while both hold the same policy (iteration
     # 0), within rounding after it
     for key in ("reward_mean", "reward_max", "fp_sample_steps"):

@@ -12,8 +12,8 @@ import pytest
 import torch
 from tiny import tiny_config
 
-from cluster.config import ConfigError
-from cluster.preflight import check_inputs
+from cluster.config.loading import ConfigError
+from cluster.config.preflight import check_inputs
 from learner.experiment_log import GridSamples, scalar_name, scalars
 from learner.trainer import Trainer
 

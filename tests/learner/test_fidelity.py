@@ -1,31 +1,30 @@
-"""Rank fidelity measured per reward: each component's ranking is the one a run on that reward alone gets."""
+"""The learner's rank-fidelity monitor: Spearman ρ over groups that have one, the selection precision over all."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
-from tiny import tiny_config
+import torch
 
-from diffusion.loading import load_policy_from_config
-from learner.fidelity import format_table, measure
-from rewards import build_reward_from_config
+from learner.fidelity import rank_fidelity
 
 
-def run(*overrides: str):
-    config = tiny_config(*overrides)
-    policy = load_policy_from_config(config.model)
-    return measure(config, policy, build_reward_from_config(config.reward), 2, 13, 3, 4, ["nvfp4"])
+def test_rank_fidelity_of_known_groups():
+    true = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    same = (true * 2, true)  # the same order: ρ 1, every seed on the right side of the median
+    reversed_ = (-true, true)  # ρ −1, every seed on the wrong side
+    swapped = (torch.tensor([1.0, 0.0, 2.0, 3.0]), true)  # one swap below the median: ρ 0.8, sides kept
+    flat = (torch.zeros(4), true)  # a constant proxy has no ρ; all on the low side: half right
+    metrics = rank_fidelity([same, reversed_, swapped, flat])
+    assert metrics["rank_spearman"] == pytest.approx((1.0 - 1.0 + 0.8) / 3)
+    assert metrics["selection_precision"] == pytest.approx((1.0 + 0.0 + 1.0 + 0.5) / 4)
+    assert rank_fidelity([(t.numpy(), r.numpy()) for t, r in (same, swapped)]) == rank_fidelity([same, swapped])
 
 
-def test_each_components_fidelity_equals_a_run_on_that_reward_alone():
-    multi = run("reward.weights={digit_alignment: 1.0, jpeg_compressibility: 0.5}")
-    digits = run("reward.weights={digit_alignment: 1.0}")
-    jpeg = run("reward.weights={jpeg_compressibility: 1.0}")
-    for variant in ("none_explore_steps", "nvfp4"):
-        per_reward = multi[variant]["per_reward"]
-        assert per_reward.keys() == {"digit_alignment", "jpeg_compressibility"}
-        for name, alone in (("digit_alignment", digits), ("jpeg_compressibility", jpeg)):
-            for key in ("spearman", "kendall", "hit@4", "hit@12", "bottom_hit@12"):
-                assert per_reward[name][key] == pytest.approx(alone[variant][key], abs=1e-12), (variant, name, key)
-        assert "per_reward" not in digits[variant]
-    table = format_table(multi)
-    assert "Spearman ρ per reward:" in table and "| digit_alignment | jpeg_compressibility |" in table
+def test_rank_fidelity_without_a_rho_or_without_groups():
+    metrics = rank_fidelity([(torch.zeros(3), torch.arange(3.0))])
+    assert math.isnan(metrics["rank_spearman"]) and metrics["selection_precision"] == pytest.approx(2 / 3)
+    assert rank_fidelity([]) == {}
+    assert isinstance(rank_fidelity([(np.arange(3.0), np.arange(3.0))])["rank_spearman"], float)

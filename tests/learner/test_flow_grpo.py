@@ -105,7 +105,7 @@ def test_the_clip_stops_a_ratio_past_its_band_and_the_kl_pulls_to_the_reference(
 
 
 def test_flow_grpo_needs_decay_zero(capsys) -> None:
-    from cluster.config import ConfigError, load_config
+    from cluster.config.loading import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"learner.objective \(flow_grpo\) needs learner.decay.type = 0"):
         load_config("configs/embedded.yaml", ["learner.objective=flow_grpo"])
@@ -114,9 +114,9 @@ def test_flow_grpo_needs_decay_zero(capsys) -> None:
 def test_a_flow_grpo_iteration_trains_on_sde_rollouts(small_trainer) -> None:
     trainer = small_trainer("learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
                             "learner.timestep_fraction=0.9")
-    assert trainer.regen_sampling.solver == "flow_sde" and trainer.eval_sampling.solver == "euler"
+    assert trainer.rollouts.regen_sampling.solver == "flow_sde" and trainer.eval_sampling.solver == "euler"
     before = {k: v.detach().clone() for k, v in trainer.state.theta_parameters().items()}
-    metrics = trainer.train_iteration(0)
+    metrics = trainer.train_iteration(0).metrics()
     assert not metrics.get("skipped") and math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
     assert any(not torch.equal(before[k], v) for k, v in trainer.state.theta_parameters().items())
     # 2 prompts × 4 samples × ⌊0.9·4⌋ = 3 steps, each θ forward + backward (3) and the reference (1)

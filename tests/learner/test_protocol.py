@@ -8,7 +8,7 @@ from typing import get_args
 import pytest
 import torch
 
-from cluster.config import ConfigError, load_config
+from cluster.config.loading import ConfigError, load_config
 from learner.advantages import ADVANTAGE_MODES, AdvantageMode
 from learner.algorithms import ALGORITHMS, Algorithm
 from learner.config import DecayConfig
@@ -65,13 +65,14 @@ def test_exploration_uses_the_samplers_solver_unless_set():
 def test_cfg_scale_reaches_every_sampling_path(small_trainer):
     """Before: sampler.cfg_scale was validated and then never passed to a sampler."""
     plain, guided = small_trainer(), small_trainer("sampler.cfg_scale=3.0")
-    assert guided.regen_sampling.cfg_scale == guided.explore_sampling.cfg_scale == guided.eval_sampling.cfg_scale == 3
+    r = guided.rollouts
+    assert r.regen_sampling.cfg_scale == r.explore_sampling.cfg_scale == guided.eval_sampling.cfg_scale == 3
     assert plain.evaluate() != guided.evaluate()
-    a, b = (t.explore_ranked(0, 0, PROMPT) for t in (plain, guided))
+    a, b = (t.rollouts.ranked(0, 0, PROMPT, t.version) for t in (plain, guided))
     assert not torch.equal(a.proxy, b.proxy)
     # the guided path is the pipelines' CFG against the empty prompt
     seeds = [1, 2]
-    out = generate(guided.policy, None, None, PROMPT, seeds, guided.regen_sampling)
+    out = generate(guided.policy, None, None, PROMPT, seeds, guided.rollouts.regen_sampling)
     direct = guided.policy.sample([PROMPT] * 2, seeds, steps=4, cfg_scale=3.0).x0
     assert torch.equal(out.x0, direct)
 
@@ -108,9 +109,10 @@ def test_a_non_finite_micro_batch_is_dropped_not_the_update(small_trainer):
     x0 = groups[1].samples.x0.clone()
     x0[0] = float("nan")  # every micro-batch holding sample 4 (slot 1's first) has a NaN loss
     groups[1].samples.x0 = x0
-    rewards = trainer.rewards_for_update(0, groups)
+    rewards = trainer.updater.rewards_for_update(0, groups)
     before = copy(trainer.state.theta_parameters())
-    metrics = trainer.update(0, groups, trainer.objective.advantages(rewards, trainer.config.learner))
+    advantages = trainer.updater.objective.advantages(rewards, trainer.config.learner)
+    metrics, _ = trainer.updater.update(0, groups, advantages)
     trained_timesteps = int(0.6 * 4)  # ⌊timestep_fraction · steps⌋
     assert metrics["dropped_micro_batches"] == trained_timesteps
     after = trainer.state.theta_parameters()

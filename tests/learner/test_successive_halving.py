@@ -28,7 +28,7 @@ def test_a_span_continues_exactly_where_it_stopped(small_trainer, solver) -> Non
 
 def test_survivors_are_the_ends_of_the_early_ranking_finished_as_one_pass_would(small_trainer) -> None:
     trainer = small_trainer(*HALVING)
-    sampling, prompt, seeds = exploration_sampling(trainer.config), trainer.prompts[0], list(range(100, 108))
+    sampling, prompt, seeds = exploration_sampling(trainer.config), trainer.prompt_set.texts[0], list(range(100, 108))
     kept, proxy = successive_halving(trainer.policy, None, trainer.reward, prompt, seeds, sampling)
     early = trainer.policy.sample([prompt] * 8, seeds, steps=sampling.steps, span=(0, 1))
     early_scores, _ = score(trainer.reward, trainer.policy.decode(early.x0_prediction), [prompt] * 8, None)
@@ -40,7 +40,7 @@ def test_survivors_are_the_ends_of_the_early_ranking_finished_as_one_pass_would(
 
 def test_the_explore_cost_counts_the_cut(small_trainer) -> None:
     trainer = small_trainer(*HALVING)  # 2 prompts, N = 8, 3 explore steps; 1 step for all, 2 more for 4
-    metrics = trainer.train_iteration(0)
+    metrics = trainer.train_iteration(0).metrics()
     assert metrics["lp_sample_steps"] == 2 * (8 * 1 + 4 * 2)
     assert not metrics.get("skipped")
 
@@ -51,7 +51,7 @@ def test_the_explore_cost_counts_the_cut(small_trainer) -> None:
     (["learner.algorithm=naive_quant"], r"explore.schedule \(halving\) needs learner.algorithm = sol_rl"),
 ])
 def test_a_halving_schedule_that_cannot_work_is_refused(sets, message) -> None:
-    from cluster.config import ConfigError, load_config
+    from cluster.config.loading import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=message):
         load_config("configs/embedded.yaml", ["explore.schedule=halving", *sets])

@@ -28,7 +28,7 @@ def theta(trainer: Trainer) -> dict[str, torch.Tensor]:
 def test_algorithms_sample_what_the_paper_says(algorithm, fp_steps, pool_steps, lp_steps, small_trainer):
     trainer = small_trainer(f"learner.algorithm={algorithm}")
     before = theta(trainer)
-    metrics = trainer.train_iteration(0)
+    metrics = trainer.train_iteration(0).metrics()
     assert (metrics["fp_sample_steps"], metrics["fp_pool_sample_steps"], metrics["lp_sample_steps"]) == (
         fp_steps, pool_steps, lp_steps)
     # P·K samples × ⌊0.6·4⌋ = 2 trained timesteps × (θ forward + backward 3, θ_old 1, reference 1)
@@ -82,9 +82,9 @@ class NaNReward(Reward):
 def test_nan_rewards_skip_the_update_and_publish_nothing(small_trainer):
     trainer = small_trainer("reward.weights={nan_for_tests: 1.0}")
     before, engine_before = theta(trainer), {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
-    metrics = trainer.train_iteration(0)
+    metrics = trainer.train_iteration(0).metrics()
     trainer.publish()
-    assert metrics["skipped"] and metrics["skipped_updates"] == 1 and trainer.version == 0
+    assert metrics["skipped"] and trainer.state.skipped_steps == 1 and trainer.version == 0
     assert all(torch.equal(before[k], v) for k, v in theta(trainer).items())
     assert all(torch.equal(engine_before[k], v) for k, v in trainer.engine.module.state_dict().items())
 
@@ -92,8 +92,8 @@ def test_nan_rewards_skip_the_update_and_publish_nothing(small_trainer):
 def test_shuffled_rewards_keep_each_prompts_reward_multiset(small_trainer):
     plain, shuffled = small_trainer(), small_trainer("learner.shuffle_rewards=true")
     groups = [plain.rollout(0, slot, p) for slot, p in enumerate(plain.prompts_for(0))]
-    a = plain.rewards_for_update(0, groups)
-    b = shuffled.rewards_for_update(0, groups)
+    a = plain.updater.rewards_for_update(0, groups)
+    b = shuffled.updater.rewards_for_update(0, groups)
     assert not torch.equal(a, b)
     assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
 
@@ -101,7 +101,7 @@ def test_shuffled_rewards_keep_each_prompts_reward_multiset(small_trainer):
 def test_art_objective_runs_both_windows(small_trainer):
     trainer = small_trainer("learner.objective=art", "learner.decay.type=0", "learner.algorithm=diffusionnft")
     before = theta(trainer)
-    metrics = trainer.train_iteration(0)
+    metrics = trainer.train_iteration(0).metrics()
     assert {"window1_loss", "window2_loss", "window1_grad_norm", "window2_grad_norm"} <= metrics.keys()
     assert any(not torch.equal(before[k], v) for k, v in theta(trainer).items())
     # decay type 0: the sampling policy is the trained one after the update
@@ -140,7 +140,7 @@ def test_each_prompts_jsonl_metadata_reaches_the_reward_in_every_phase(small_tra
                             f"prompts.eval_source={tmp_path / 'heldout.jsonl'}",
                             "reward.weights={metadata_echo_for_tests: 1.0}")
     MetadataEcho.seen.clear()
-    metrics = trainer.train_iteration(0)
+    metrics = trainer.train_iteration(0).metrics()
     explored = len(MetadataEcho.seen)
     assert explored > 0 and all(m == {"value": values[p], "tag": "train"} for p, m in MetadataEcho.seen)
     # the rewards the update saw are the metadata values of the iteration's prompts, per slot
@@ -169,7 +169,7 @@ def test_sol_rl_keeping_its_whole_pool_trains_exactly_as_diffusionnft(small_trai
     nft = small_trainer("learner.algorithm=diffusionnft")
     sol = small_trainer("learner.algorithm=sol_rl", f"prompts.candidates={nft.config.prompts.keep}")
     for iteration in range(2):
-        metrics = [t.train_iteration(iteration) for t in (nft, sol)]
+        metrics = [t.train_iteration(iteration).metrics() for t in (nft, sol)]
         nft.publish(), sol.publish()
         assert metrics[1]["lp_sample_steps"] > 0 and metrics[0]["lp_sample_steps"] == 0
     a, b = theta(nft), theta(sol)

@@ -8,10 +8,11 @@ import math
 
 import pytest
 import torch
+from engines import quantize
 
 from diffusion.config import EMBEDDED_MODEL
 from diffusion.loading import load_policy
-from diffusion.quant import load_weights, quantize_model
+from diffusion.quant import load_weights
 from learner.checkpoint import load_checkpoint, save_checkpoint
 from learner.config import TrainingConfig
 from learner.training_state import TrainingState
@@ -171,7 +172,7 @@ def test_sampling_weights_match_old_view(base, cond, mode):
     assert list(weights) == list(reference)
     assert all(weights[k].shape == reference[k].shape and weights[k].dtype == reference[k].dtype for k in weights)
 
-    engine = quantize_model(base.transformer, "none")  # the explorer's engine, loaded as explorers do
+    engine = quantize(base.transformer, "none")  # the explorer's engine, loaded as explorers do
     load_weights(engine, weights)
     batch = fixed_batch(base)
     with torch.no_grad():

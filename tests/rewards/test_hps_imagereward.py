@@ -5,27 +5,24 @@ official checkpoint formats; preprocessing against the official transforms on a 
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import math
 import shutil
 import sys
 
 import numpy as np
+import open_clip
 import pytest
 import torch
 from PIL import Image
 from sklearn.datasets import load_sample_image
 from torch import nn
 
-import diffusion  # noqa: F401  (torchvision importable before open_clip / timm)
 from rewards.base import build_reward, known_rewards
 from rewards.blip_compat import bert_model_class, load_blip_modules
 from rewards.hpsv2 import HPSv2, build_tokenizer, open_clip_config
 from rewards.image_reward import ImageRewardScore
 from rewards.state_dicts import convert_to_safetensors
-
-open_clip = importlib.import_module("open_clip")  # only after `diffusion` has made torchvision importable
 
 PROMPTS = [
     "a photo of an old temple in china",

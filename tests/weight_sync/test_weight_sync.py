@@ -5,21 +5,21 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 import ray
 import torch
+from engines import quantize, quantized_layer_names, stand_in_policy
 
 from diffusion.config import ExploreConfig
 from diffusion.explore import ExploreEngine
-from diffusion.families import QuantPolicy
-from diffusion.quant import load_weights, nvfp4_fake_quant, quantize_model, quantized_layer_names
+from diffusion.lora import merge_lora
+from diffusion.quant import load_weights, nvfp4_fake_quant
 from weight_sync.codecs import CorruptSnapshot, Manifest, decode, encode, payload_bytes
 from weight_sync.publisher import WeightPublisher
 from weight_sync.service import WeightSyncService, start_services
 from weight_sync.shm import Region
-from weight_sync.subscriber import WeightSubscriber, merge_lora
+from weight_sync.subscriber import WeightSubscriber
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Source actor below
 
@@ -68,7 +68,7 @@ def test_checksums_catch_a_corrupted_or_missing_array():
 def test_engine_loaded_from_an_nvfp4_snapshot_equals_one_loaded_densely():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
-    engine_a, engine_b = (quantize_model(model, "nvfp4", backend="project") for _ in range(2))
+    engine_a, engine_b = (quantize(model, "nvfp4", backend="project") for _ in range(2))
     new = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
     names = [f"{n}.weight" for n in quantized_layer_names(engine_a)]
     load_weights(engine_a, new)
@@ -83,7 +83,7 @@ def test_nvfp4_packs_a_1x1_conv_weight_as_the_engines_gemm_matrix():
     [out, in] matrix (blocks along in), and decodes to exactly the engine's fake-quantized weight."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(48, 32, 1), torch.nn.GELU(), torch.nn.Conv2d(32, 40, 1, bias=False))
-    engine_a, engine_b = (quantize_model(model, "nvfp4", conv1x1=True, backend="project") for _ in range(2))
+    engine_a, engine_b = (quantize(model, "nvfp4", conv1x1=True, backend="project") for _ in range(2))
     names = [f"{n}.weight" for n in quantized_layer_names(engine_a)]
     assert names == ["0.weight", "2.weight"]
     new = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
@@ -101,8 +101,7 @@ def test_nvfp4_packs_a_1x1_conv_weight_as_the_engines_gemm_matrix():
 
 def explore_engine(model: torch.nn.Module) -> ExploreEngine:
     """The explorer's engine of `model` (a stand-in policy: every Linear quantized, project backend)."""
-    policy = SimpleNamespace(transformer=model, family=SimpleNamespace(quant=QuantPolicy(skip=(), min_dim=0)))
-    return ExploreEngine(policy, ExploreConfig(precision="nvfp4", backend="project"))
+    return ExploreEngine(stand_in_policy(model), ExploreConfig(precision="nvfp4", backend="project"))
 
 
 def test_merge_lora_matches_the_definition():

@@ -6,7 +6,7 @@ import json
 
 from tiny import tiny_sets
 
-from cluster.demo import main
+from bench.demo import main
 
 SMALL = tiny_sets("prompts.candidates=16", "eval.every=1", ray=True)
 

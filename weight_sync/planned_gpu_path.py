@@ -1,14 +1,17 @@
-"""The GPU path for full-weight payloads: CUDA IPC within a node, NCCL broadcast across nodes.
+"""Planned, not wired in: the GPU path for full-weight payloads (CUDA IPC within a node, NCCL across).
 
-A dense FLUX.1 transformer is 23.8 GB: through host memory that is seconds per hop (device → host →
-shared memory → host → device), while GPU to GPU it is NVLink/PCIe peer copies within a node and one
-NCCL broadcast across nodes. Precedents: checkpoint-engine, slime and verl share the trainer's weights
-with co-located inference engines through CUDA IPC handles and broadcast them over NCCL to other nodes.
+Nothing at runtime imports this module: weight sync runs through host memory today (`weight_sync.shm`
+on a node, the object store across nodes; `WeightPublisher` chooses). What is here is the part of the GPU
+path that can be tested now, kept beside the design so the wiring starts from tested pieces:
+`plan_transport` (which transport a reader's snapshot would take: the publisher's host-memory choice,
+extended to the GPU), and `export_ipc` / `import_ipc` (CUDA IPC handles through torch's own reductions;
+their test runs where CUDA is present). Not built: the NCCL broadcast group and the publisher/subscriber
+wiring.
 
-What is here and tested without a GPU: `plan_path`, which picks the path for a reader (the same
-decision `WeightPublisher` makes between shared memory and the object store, extended). With a GPU:
-`export_ipc` / `import_ipc` (CUDA IPC handles through torch's own reductions; the tests run them when
-CUDA is present). Not built yet: the NCCL broadcast group and the publisher/subscriber wiring.
+Why: a dense FLUX.1 transformer is 23.8 GB; through host memory it goes device → host → shared memory →
+host → device, while GPU to GPU it is NVLink/PCIe peer copies within a node and one NCCL broadcast across
+nodes. Precedents: checkpoint-engine, slime and verl share the trainer's weights with
+co-located inference engines through CUDA IPC handles and broadcast them over NCCL to other nodes.
 
 Ray settings the GPU path needs:
 - CUDA IPC: Ray sets CUDA_VISIBLE_DEVICES to each actor's own GPU, so a receiver does not see the
@@ -31,13 +34,13 @@ from typing import Any, Literal
 
 import torch
 
-Path = Literal["cuda_ipc", "nccl", "shm", "object_store"]
+Transport = Literal["cuda_ipc", "nccl", "shm", "object_store"]
 GPU_MIN_BYTES = 2 * 2**30  # below this, one host hop costs well under a second: host paths suffice
 
 
-def plan_path(publisher_node: str, reader_node: str, nbytes: int, *, on_gpu: bool,
-              gpu_min_bytes: int = GPU_MIN_BYTES) -> Path:
-    """The path a snapshot of `nbytes` takes to a reader: GPU to GPU for full-weight payloads whose
+def plan_transport(publisher_node: str, reader_node: str, nbytes: int, *, on_gpu: bool,
+                   gpu_min_bytes: int = GPU_MIN_BYTES) -> Transport:
+    """The transport a snapshot of `nbytes` would take to a reader: GPU to GPU for full-weight payloads whose
     source lives on a GPU, else through host memory (the region on the same node, the store across)."""
     same_node = publisher_node == reader_node
     if on_gpu and nbytes >= gpu_min_bytes:

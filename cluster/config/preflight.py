@@ -1,9 +1,14 @@
-"""Checks of the user's inputs (files, folders, cross-field rules) that run before Ray starts.
+"""Checks of the user's inputs (the config's fields and rules, files, folders) that run before Ray starts.
+
+`check_inputs` is the one pass, in stages: the config validated again (`cluster.config.loading.revalidate`: a
+config built with `model_copy(update=...)` skipped its validators), then the inputs it names (prompt sets,
+logging extras, reward options and files, each prompt set against the rewards, the model folder last).
+`cluster.launch` runs it once per launch, in its resolve; `cluster.check` runs it when it is its own command.
 
 Prompt sets are checked against the rewards that will score them (`Reward.check_prompts`): a digit reward
 needs a digit named in each prompt, ocr a quoted text, geneval each prompt's metadata.
 
-Each would otherwise surface 20–50 s later inside an actor, at the bottom of an ActorDiedError. Only
+Each would otherwise surface only once the actors have loaded, at the bottom of an ActorDiedError. Only
 safetensors headers and small text files are read here, never weights, so a multi-GB model folder
 costs about as much to check as importing diffusers and transformers (to look its classes up).
 """
@@ -13,7 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cluster.config import ConfigError, SolRLConfig, check_cross_fields, one_line
+from cluster.config.loading import ConfigError, one_line, revalidate
+from cluster.config.schema import SolRLConfig
 from diffusion.loading import check_model_folder, check_safetensors
 from diffusion.prompts import PromptSet, load_prompt_set
 from learner.experiment_log import missing_extras
@@ -119,9 +125,8 @@ def _selection_notes(config: SolRLConfig) -> list[str]:
 def check_inputs(config: SolRLConfig) -> list[str]:
     """Raise ConfigError (one line: file/field, what is wrong, the fix) on the first bad input;
     return notes for the log (accepted but worth saying)."""
-    # Validation already ran these, but a config built with model_copy(update=...) skipped them.
-    check_cross_fields(config)
-    sets = _load_prompt_sets(config)
+    revalidate(config)  # stage 1: the fields and rules (a loaded config passes; one from model_copy may not)
+    sets = _load_prompt_sets(config)  # stage 2: the files and packages it names
     missing = missing_extras(config.logging)  # W&B / TensorBoard asked for but not installed
     if missing:
         raise ConfigError(missing[0])

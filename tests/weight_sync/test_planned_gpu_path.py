@@ -1,20 +1,21 @@
-"""The GPU path's choice of route (everywhere) and its CUDA IPC handles (where a GPU is present)."""
+"""The planned GPU path (not wired in): its choice of transport (everywhere) and its CUDA IPC handles (where a
+GPU is present)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from weight_sync.gpu import GPU_MIN_BYTES, export_ipc, import_ipc, ipc_env, plan_path
+from weight_sync.planned_gpu_path import GPU_MIN_BYTES, export_ipc, import_ipc, ipc_env, plan_transport
 
 
 def test_full_weight_payloads_on_a_gpu_go_gpu_to_gpu_and_the_rest_through_host_memory():
     big, small = GPU_MIN_BYTES, GPU_MIN_BYTES - 1
-    assert plan_path("a", "a", big, on_gpu=True) == "cuda_ipc"
-    assert plan_path("a", "b", big, on_gpu=True) == "nccl"
-    assert plan_path("a", "a", small, on_gpu=True) == "shm"
-    assert plan_path("a", "b", small, on_gpu=True) == "object_store"
-    assert plan_path("a", "a", big, on_gpu=False) == "shm"
+    assert plan_transport("a", "a", big, on_gpu=True) == "cuda_ipc"
+    assert plan_transport("a", "b", big, on_gpu=True) == "nccl"
+    assert plan_transport("a", "a", small, on_gpu=True) == "shm"
+    assert plan_transport("a", "b", small, on_gpu=True) == "object_store"
+    assert plan_transport("a", "a", big, on_gpu=False) == "shm"
     assert ipc_env()["env_vars"]["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
 
 

@@ -1,6 +1,6 @@
-"""Sol-RL on the embedded world, in one process: the reward rises in about two minutes on 2 cores.
+"""Sol-RL on the embedded world, in one process, with the rank-fidelity table first (`make demo-local`).
 
-    python -m cluster.demo [--config configs/embedded.yaml] [--set key.path=value ...] [--run-dir DIR]
+    python -m bench.demo [--config configs/embedded.yaml] [--set key.path=value ...] [--run-dir DIR]
                            [--iterations 10]
 
 1. Rank fidelity of the explore engine (the paper's Table 8) on a few prompts × 96 seeds.
@@ -14,18 +14,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
-from cluster.config import load_config
-from cluster.figures import save_image_grid, save_reward_curve
+from bench.rank_fidelity import format_table, measure
+from cluster.config.loading import load_config
+from cluster.reports.figures import save_image_grid, save_reward_curve
 from diffusion.embedded.data import TRAIN_TEMPLATES, prompt_for
 from diffusion.noise import grid_seeds
-from learner.fidelity import format_table, measure
 from learner.rollouts import generate
+from learner.run_log import write_summary
 from learner.trainer import Trainer
 
 SEEDS_PER_DIGIT = 6
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     config = load_config(args.config, [*args.set, f"run.iterations={args.iterations}"])  # fails before work
     torch.set_num_threads(2)
     start = time.perf_counter()
-    (args.run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a rerun starts a fresh log
+    args.run_dir.mkdir(parents=True, exist_ok=True)
 
     trainer = Trainer(config, run_dir=args.run_dir)
     print(f"model {config.model.path} ({trainer.policy.family.name}); explore {config.explore.precision} × "
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         "mean_iteration_s": sum(m["iteration_s"] for m in trainer.history) / len(trainer.history),
         "rank_fidelity": fidelity,
     }
-    (args.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_summary(args.run_dir, summary)
     print(f"\nheld-out reward {base['eval_reward']:.3f} → {final['eval_reward']:.3f}, accuracy "
           f"{base.get('eval_accuracy', 0):.3f} → {final.get('eval_accuracy', 0):.3f} in {args.iterations} iterations "
           f"({summary['seconds']} s)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.config import SolRLConfig
+from cluster.config.schema import SolRLConfig
 
 
 def measured_costs(config: SolRLConfig, history: list[dict[str, Any]]) -> dict[str, float] | None:

@@ -1,0 +1,1 @@
+"""What an operator watches: the Grafana dashboard and its check against a live job."""

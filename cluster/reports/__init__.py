@@ -1,0 +1,1 @@
+"""What a finished run leaves besides weights: figures and measured costs."""

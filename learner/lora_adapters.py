@@ -1,0 +1,105 @@
+"""θ and θ_old as two peft LoRA adapters on one transformer, and their merge into plain weights.
+
+"default" (θ, trained) and "old" (θ_old, frozen) are initialised identical with B = 0, so θ = θ_old =
+base at the start; the reference is the transformer with its adapters disabled. `TrainingState` switches
+between them by flipping two attributes on each LoRA layer (no copies).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from diffusion.lora import add_delta
+from learner.config import TrainingConfig
+
+ADAPTERS = {"theta": "default", "old": "old"}  # peft adapter name of each LoRA view
+LoraLayers = list[tuple[str, nn.Module]]
+
+
+def inject_adapters(transformer: nn.Module, config: TrainingConfig, targets: Sequence[str], device: torch.device,
+                    seed: int) -> tuple[LoraLayers, dict[str, nn.Parameter], dict[str, nn.Parameter]]:
+    """Add the two adapters to `transformer` (in place): its LoRA layers, θ's and θ_old's parameters by
+    canonical name. A ~ kaiming-uniform(a=√5) from `seed` (peft's and nn.Linear's default), B = 0; only θ
+    requires grad. The global torch RNG is left as it was."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if not hasattr(transformer, "add_adapter"):
+        raise TypeError(f"{type(transformer).__name__} has no add_adapter (a diffusers PeftAdapterMixin model)")
+    devices = [device.index or 0] if device.type == "cuda" else []
+    # peft's own init draws from the global RNG; a second adapter makes peft warn (it is on purpose).
+    with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+        for adapter in ("default", "old"):
+            lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=list(targets),
+                              init_lora_weights=True, lora_dropout=0.0)
+            transformer.add_adapter(lora, adapter_name=adapter)
+    layers = [(name, module) for name, module in transformer.named_modules() if isinstance(module, BaseTunerLayer)]
+    for name, layer in layers:
+        for attribute in ("_active_adapter", "_disable_adapters", "get_delta_weight", "get_base_layer"):
+            if not hasattr(layer, attribute):
+                raise RuntimeError(f"peft layer {name} has no {attribute!r}: unsupported peft version")
+    theta, old = adapter_parameters(transformer, "default"), adapter_parameters(transformer, "old")
+    if theta.keys() != old.keys():
+        raise RuntimeError("the 'default' and 'old' adapters have different parameters")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in theta.items():
+            if ".lora_A." in name:
+                fresh = torch.empty(param.shape, dtype=torch.float32)
+                nn.init.kaiming_uniform_(fresh, a=math.sqrt(5), generator=generator)
+                param.copy_(fresh)
+            elif ".lora_B." in name:
+                param.zero_()
+            else:
+                raise RuntimeError(f"unexpected LoRA parameter {name}: only plain LoRA (A, B) is supported")
+        for name, param in old.items():
+            param.copy_(theta[name])
+    for param in transformer.parameters():
+        param.requires_grad_(False)
+    for param in theta.values():
+        param.requires_grad_(True)
+    return layers, theta, old
+
+
+def adapter_parameters(transformer: nn.Module, adapter: str) -> dict[str, nn.Parameter]:
+    """Parameters of one adapter, named without the adapter segment (…lora_A.weight)."""
+    pattern = re.compile(rf"(\.lora_\w+)\.{re.escape(adapter)}(?=\.|$)")
+    out: dict[str, nn.Parameter] = {}
+    for name, param in transformer.named_parameters():
+        canonical, found = pattern.subn(r"\1", name)
+        if found:
+            out[canonical] = param
+    return out
+
+
+def merged_lora(transformer: nn.Module, layers: LoraLayers, adapter: str,
+                base_keys: list[str]) -> dict[str, torch.Tensor]:
+    """The transformer with `adapter` merged into each LoRA layer's weight, under the base model's keys."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in transformer.state_dict().items():
+        if ".lora_" in key:
+            continue
+        out[key.replace(".base_layer.", ".")] = value
+    for name, layer in layers:
+        out[f"{name}.weight"] = add_delta(layer.get_base_layer().weight, layer.get_delta_weight(adapter))
+    return {key: out[key] for key in base_keys if key in out}
+
+
+def enable_gradient_checkpointing(transformer: nn.Module) -> None:
+    """diffusers' `ModelMixin.enable_gradient_checkpointing` on the trained transformer only (θ_old and the
+    reference run under no_grad, where diffusers skips checkpointing anyway). Its default checkpoint
+    function is non-reentrant, which gives the LoRA parameters gradients although the blocks' inputs do
+    not require grad."""
+    if not getattr(transformer, "_supports_gradient_checkpointing", False) or not hasattr(
+        transformer, "enable_gradient_checkpointing"
+    ):
+        raise TypeError(f"{type(transformer).__name__} does not support gradient checkpointing (a diffusers "
+                        "model with _supports_gradient_checkpointing); set training.gradient_checkpointing=false")
+    transformer.enable_gradient_checkpointing()

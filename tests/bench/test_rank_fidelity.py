@@ -1,0 +1,31 @@
+"""Rank fidelity measured per reward: each component's ranking is the one a run on that reward alone gets."""
+
+from __future__ import annotations
+
+import pytest
+from tiny import tiny_config
+
+from bench.rank_fidelity import format_table, measure
+from diffusion.loading import load_policy_from_config
+from rewards import build_reward_from_config
+
+
+def run(*overrides: str):
+    config = tiny_config(*overrides)
+    policy = load_policy_from_config(config.model)
+    return measure(config, policy, build_reward_from_config(config.reward), 2, 13, 3, 4, ["nvfp4"])
+
+
+def test_each_components_fidelity_equals_a_run_on_that_reward_alone():
+    multi = run("reward.weights={digit_alignment: 1.0, jpeg_compressibility: 0.5}")
+    digits = run("reward.weights={digit_alignment: 1.0}")
+    jpeg = run("reward.weights={jpeg_compressibility: 1.0}")
+    for variant in ("none_explore_steps", "nvfp4"):
+        per_reward = multi[variant]["per_reward"]
+        assert per_reward.keys() == {"digit_alignment", "jpeg_compressibility"}
+        for name, alone in (("digit_alignment", digits), ("jpeg_compressibility", jpeg)):
+            for key in ("spearman", "kendall", "hit@4", "hit@12", "bottom_hit@12"):
+                assert per_reward[name][key] == pytest.approx(alone[variant][key], abs=1e-12), (variant, name, key)
+        assert "per_reward" not in digits[variant]
+    table = format_table(multi)
+    assert "Spearman ρ per reward:" in table and "| digit_alignment | jpeg_compressibility |" in table
