@@ -29,7 +29,8 @@ from safetensors import SafetensorError
 from cluster.config.loading import ConfigError, load_config, one_line
 from diffusion.loading import load_policy
 from diffusion.noise import lora_init_seed
-from learner.checkpoint import CorruptCheckpoint, load_checkpoint, previous_checkpoint
+from learner.checkpoint import CorruptCheckpoint, previous_checkpoint
+from learner.checkpoint_load import load_checkpoint
 from learner.export import EXPORT_RECORD, export_pipeline, merged_weights, replaceable, save_transformer
 from learner.training_state import TrainingState
 

@@ -43,13 +43,12 @@ from cluster.check import format_rows, run_checks
 from cluster.config.loading import ConfigError, load_config, one_line
 from cluster.config.preflight import check_inputs
 from cluster.config.schema import SolRLConfig
-from cluster.reports.run_costs import measured_costs
+from cluster.reports.summary import finish, print_summary
 from cluster.runtime import run_lock
 from cluster.runtime.local_ray import LocalRay, reap_orphans
 from cluster.runtime.run_lock import RunLocked
 from learner.checkpoint import checkpoint_iteration
 
-SEEDS_PER_PROMPT = 6
 # Ray sets this in the entrypoint of `ray job submit`, whose current directory is a temporary copy.
 IN_RAY_JOB = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 CHECKPOINT = "checkpoint"
@@ -107,7 +106,8 @@ def _learner_count_note(meta: dict, config: SolRLConfig, overrides: list[str]) -
 
 
 def _resume_plan(args: argparse.Namespace) -> Plan:
-    from learner.checkpoint import CorruptCheckpoint, previous_checkpoint, verify_checkpoint
+    from learner.checkpoint import CorruptCheckpoint, previous_checkpoint
+    from learner.checkpoint_load import verify_checkpoint
 
     given = Path(args.resume)
     if not given.is_absolute() and os.environ.get(IN_RAY_JOB):
@@ -243,7 +243,8 @@ def show_dashboards(job) -> None:
         path = install_dashboard(ray._private.worker.global_worker.node.get_session_dir_path())
         print(f"Grafana dashboard 'Sol-RL job' (uid solrl) installed with Ray's: {path}")
     except (OSError, AttributeError) as exc:  # a read-only session folder; the JSON is also in the repository
-        print(f"note: the Grafana dashboard was not installed ({exc}); import cluster/monitoring/dashboards/*.json by hand")
+        print(f"note: the Grafana dashboard was not installed ({exc}); import "
+              "cluster/monitoring/dashboards/*.json by hand")
 
 
 def write_config(run_dir: Path, config: SolRLConfig) -> None:
@@ -264,33 +265,6 @@ def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, 
             "ray_job": ray_job_id(), "ray_namespace": namespace}
     with (run_dir / "launches.jsonl").open("a") as f:
         f.write(json.dumps(line) + "\n")
-
-
-def finish(config: SolRLConfig, run_dir: Path, job, full: list[dict]) -> dict:
-    """Final weights, pictures and the summary of the whole run: `full` is the driver's record of every
-    iteration (resumed parts included)."""
-    import ray
-
-    from cluster.reports.figures import save_image_grid, save_reward_curve
-    from learner.run_log import read_base_evaluation, write_summary
-
-    files = ray.get(job.learner.save_final.remote(str(run_dir / "final")))
-    images = ray.get(job.learner.sample_images.remote(SEEDS_PER_PROMPT))
-    samples = save_image_grid(images, rows=images.shape[0] // SEEDS_PER_PROMPT, path=run_dir / "samples.png")
-    base = read_base_evaluation(run_dir)
-    evals = [m for m in full if "eval_reward" in m]
-    summary = {"run_dir": str(run_dir), "ray_job": ray_job_id(), "iterations": len(full), "final": files,
-               "samples": str(samples), "base_eval": base,
-               "last_eval": {k: evals[-1].get(k) for k in ("eval_reward", "eval_accuracy")} if evals else {},
-               "mean_iteration_s": sum(m["iteration_s"] for m in full) / max(len(full), 1)}
-    if full:
-        summary["reward_curve"] = str(save_reward_curve(full, run_dir / "reward_curve.png", base=base or None))
-    costs = measured_costs(config, full)
-    if costs is not None:  # what this run measured, for python -m bench.plan --costs
-        (run_dir / "costs.json").write_text(json.dumps(costs, indent=2) + "\n")
-        summary["costs"] = str(run_dir / "costs.json")
-    write_summary(run_dir, summary)
-    return summary
 
 
 def continue_command(run_dir: Path) -> str:
@@ -374,17 +348,6 @@ def _reap(run_dir: Path) -> None:
         print(f"note: {note}")
 
 
-def print_summary(summary: dict) -> None:
-    print(json.dumps(summary, indent=2))
-    base, last = summary["base_eval"], summary["last_eval"]
-    if base and last:
-        line = f"held-out reward {base['eval_reward']:.3f} → {last['eval_reward']:.3f}"
-        if base.get("eval_accuracy") is not None and last.get("eval_accuracy") is not None:
-            line += f", accuracy {base['eval_accuracy']:.3f} → {last['eval_accuracy']:.3f}"
-        print(line)  # accuracy: only rewards that report one (the digit classifier alone)
-    print(f"run directory: {summary['run_dir']}")
-
-
 def _run(args: argparse.Namespace, plan: Plan) -> int:
     """The job, under the run directory's lock: every way it can end prints how to continue."""
     from cluster.runtime import driver
@@ -415,7 +378,7 @@ def _run(args: argparse.Namespace, plan: Plan) -> int:
         signals.install()  # again after ray.init, whose native handler would end the process without unwinding
         job, _ = driver.run(config, str(run_dir), resume=plan.resume, evaluate_base=True, on_start=started,
                             on_iteration=advanced)
-        summary = finish(config, run_dir, job, job.log.history)
+        summary = finish(config, run_dir, job, job.log.history, ray_job_id())
         driver.stop(job)
         print_summary(summary)
         clean = True

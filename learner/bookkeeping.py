@@ -15,7 +15,8 @@ import torch
 
 from diffusion.policy import FlowPolicy
 from diffusion.prompts import load_prompt_set
-from learner.checkpoint import check_finite, load_checkpoint, save_checkpoint, write_safetensors, written_into
+from learner.checkpoint import check_finite, save_checkpoint, write_safetensors, written_into
+from learner.checkpoint_load import load_checkpoint
 from learner.config import TrainerConfig
 from learner.evaluation import evaluate, grid_samples, sample_grid
 from learner.experiment_log import GridSamples, enabled

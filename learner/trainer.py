@@ -32,7 +32,7 @@ from learner.data_parallel import ALONE, Shard
 from learner.fidelity import rank_fidelity
 from learner.iteration_record import Finished, IterationRecord, Published, TrainResult, Work
 from learner.rollouts import Generated, Group, RankedGroup
-from learner.run_log import RunLog, progress_line
+from learner.run_log import RunLog, progress_line, read_base_evaluation
 from learner.slot_rollout import SlotRollout
 from learner.training_state import TrainingState
 from learner.updater import Updater
@@ -196,7 +196,9 @@ class Trainer:
     # ---- evaluation, resume, final weights (rank 0) ----------------------------------------------
     @property
     def base_eval(self) -> dict[str, float]:
-        return self.open_log().base
+        if self.log is not None:
+            return self.log.base
+        return read_base_evaluation(self.run_dir) if self.run_dir is not None else {}
 
     @property
     def eval_sampling(self):

@@ -29,6 +29,7 @@ from jobs import assert_same, final_weights, run_job, single_process
 from tiny import tiny_config, tiny_sets
 
 from cluster import control, launch
+from cluster.reports import summary as summary_report
 from cluster.runtime import control_file, driver, learner_group
 from cluster.runtime.explorer_pool import ExplorerCrashLoop, ExplorerPool, RetryPolicy
 from weight_sync.codecs import Manifest, decode
@@ -169,7 +170,7 @@ def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, refere
                               on_start=started)
     try:
         assert_same(final_weights(job, run_dir / "final"), reference_weights)
-        summary = launch.finish(cfg, run_dir, job, job.log.history)
+        summary = summary_report.finish(cfg, run_dir, job, job.log.history)
     finally:
         driver.stop(job)
     assert [m["iteration"] for m in history] == [1]

@@ -26,13 +26,12 @@ from learner.checkpoint import (
     CheckpointWriteFailed,
     CorruptCheckpoint,
     NonFiniteWeights,
-    load_checkpoint,
     previous_checkpoint,
     safetensors_metadata,
     save_checkpoint,
-    verify_checkpoint,
     write_safetensors,
 )
+from learner.checkpoint_load import load_checkpoint, verify_checkpoint
 from learner.config import TrainingConfig
 from learner.rollouts import generate
 from learner.training_state import TrainingState

@@ -13,7 +13,8 @@ from engines import quantize
 from diffusion.config import EMBEDDED_MODEL
 from diffusion.loading import load_policy
 from diffusion.quant import load_weights
-from learner.checkpoint import load_checkpoint, save_checkpoint
+from learner.checkpoint import save_checkpoint
+from learner.checkpoint_load import load_checkpoint
 from learner.config import TrainingConfig
 from learner.training_state import TrainingState
 
