@@ -161,5 +161,5 @@ class Learner:
         """The base model's held-out reward (a fresh run, before any update), with the experiment log's grid."""
         return self.trainer.base_evaluation()
 
-    def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
-        return self.trainer.sample_images(seeds_per_prompt)
+    def sample_images(self, seeds_per_prompt: int = 6, base: bool = False) -> torch.Tensor:
+        return self.trainer.sample_images(seeds_per_prompt, base=base)

@@ -22,6 +22,7 @@ import torch
 from bench.rank_fidelity import format_table, measure
 from cluster.config.loading import load_config
 from cluster.reports.figures import save_image_grid, save_reward_curve
+from cluster.reports.summary import before_after
 from diffusion.embedded.data import TRAIN_TEMPLATES, prompt_for
 from diffusion.noise import grid_seeds
 from learner.rollouts import generate
@@ -71,9 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     after = sample_digits(trainer, config.run.seed)
     final = next(m for m in reversed(trainer.history) if "eval_reward" in m)
 
-    pairs = torch.cat([before.view(10, SEEDS_PER_DIGIT, *before.shape[1:]),
-                       after.view(10, SEEDS_PER_DIGIT, *after.shape[1:])], dim=1).flatten(0, 1)
-    grid = save_image_grid(pairs, rows=10, path=args.run_dir / "samples_before_after.png")
+    grid = save_image_grid(before_after(before, after, SEEDS_PER_DIGIT), rows=10,
+                           path=args.run_dir / "samples_before_after.png")
     curve = save_reward_curve(trainer.history, args.run_dir / "reward_curve.png", base=base)
     summary = {
         "base": base,

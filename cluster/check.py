@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from cluster.config.loading import ConfigError, load_config, one_line
-from cluster.config.preflight import check_inputs
+from cluster.config.preflight import check_inputs, check_model
 from cluster.config.schema import SolRLConfig
 
 GiB = 2**30
@@ -49,6 +49,7 @@ class Row:
     check: str
     ok: bool | None  # None: a warning, printed but not a failure
     detail: str
+    evaluated: bool = True  # False: it needs what another row found broken (printed, not counted as failed)
 
 
 # ---- the real architecture, without weights --------------------------------------------------------------
@@ -201,15 +202,42 @@ def reward_weights_gib(config: SolRLConfig) -> float:
     return sum(path.stat().st_size for path in files if path.is_file()) / GiB
 
 
-def memory_row(config: SolRLConfig, model: nn.Module, family, params: dict[str, int]) -> Row:
+# What lowers each actor's estimate (`estimate_memory`), named when it does not fit its GPU.
+MEMORY_FIXES = {
+    "learner": "training.gradient_checkpointing=true, model.offload_text_encoders=true, a smaller learner.micro_batch",
+    "explorer": "a smaller explore.batch_size (fewer candidates per forward), model.offload_text_encoders=true",
+}
+
+
+def gpu_memory_gib() -> float | None:
+    """The memory of this machine's first CUDA device (None without one: the row then says it did not compare)."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def memory_row(config: SolRLConfig, model: nn.Module, family, params: dict[str, int],
+               gpu_gib: float | None = None) -> Row:
+    """Each actor's estimate against its share of a GPU of `gpu_gib` GiB (`num_gpus` of one device; an actor
+    without a GPU is not compared); fails naming the options that lower what does not fit."""
     m = estimate_memory(config, model, family, params)
     at_once = min(config.prompts.candidates, config.explore.batch_size or config.prompts.candidates)
     where = "each scorer" if config.cluster.scorers.count else "each explorer and the learner"
-    return Row("memory", True, f"≈ {m['learner']:.1f} GiB per learner (training state "
-               f"{m['learner_training_state']:.1f}, activations {m['learner_activations']:.1f} at micro-batch "
-               f"{config.learner.micro_batch}), ≈ {m['explorer']:.1f} GiB per explorer ("
-               f"{at_once} candidates at once); estimates, plus the reward models' "
-               f"{reward_weights_gib(config):.2f} GiB of weights on {where}")
+    detail = (f"≈ {m['learner']:.1f} GiB per learner (training state {m['learner_training_state']:.1f}, activations "
+              f"{m['learner_activations']:.1f} at micro-batch {config.learner.micro_batch}), ≈ {m['explorer']:.1f} GiB "
+              f"per explorer ({at_once} candidates at once); estimates, plus the reward models' "
+              f"{reward_weights_gib(config):.2f} GiB of weights on {where}")
+    if gpu_gib is None:
+        return Row("memory", True, f"{detail}; not compared with a GPU's memory (no GPU here)")
+    shares = {"learner": config.cluster.learner.num_gpus, "explorer": config.cluster.explorers.num_gpus}
+    room = {actor: gpu_gib * min(share, 1) for actor, share in shares.items() if share}  # CPU actors: not compared
+    if not room:
+        return Row("memory", True, f"{detail}; not compared: no actor takes a GPU")
+    short = [f"each {actor} needs ≈ {m[actor]:.1f} GiB of its {room[actor]:.1f} GiB GPU share; lower it with "
+             f"{MEMORY_FIXES[actor]}" for actor in room if m[actor] > room[actor]]
+    if short:
+        return Row("memory", False, f"{detail}; " + "; ".join(short))
+    return Row("memory", True, f"{detail}; fits a {gpu_gib:.0f} GiB GPU")
 
 
 def snapshot_estimate(config: SolRLConfig, model: nn.Module, family) -> tuple[str, int]:
@@ -282,29 +310,37 @@ def run_checks(config: SolRLConfig, *, inputs_checked: bool = False) -> list[Row
     row reports that pass rather than reading every file a second time."""
     from diffusion.families import family_for_transformer
 
+    rows = [_inputs_row(config, inputs_checked), resources_row(config), backend_row(config)]
+    try:  # the model's rows need only the model folder: evaluated whatever else the inputs row found
+        check_model(config)
+    except ConfigError as exc:
+        return [*rows, Row("plan", False, f"not evaluated: {exc}", evaluated=False),
+                *(Row(name, False, "not evaluated: it needs the model folder (above)", evaluated=False)
+                  for name in ("memory", "shm"))]
+    folder = config.model.folder()
+    model = meta_transformer(folder)
+    family = family_for_transformer(type(model).__name__)
+    params = stored_parameters(folder)
+    return [*rows, plan_row(config, model, family), memory_row(config, model, family, params, gpu_memory_gib()),
+            shm_row(config, model, family)]
+
+
+def _inputs_row(config: SolRLConfig, inputs_checked: bool) -> Row:
     notes: list[str] = []
     if not inputs_checked:
         try:
             notes = check_inputs(config)
         except ConfigError as exc:
-            return [Row("inputs", False, str(exc)), resources_row(config), backend_row(config)]
+            return Row("inputs", False, str(exc))
     scored = ", ".join(config.reward.weights)
-    rows = [Row("inputs", True, f"prompts (each one scorable by {scored}), reward, model folder"
-                + (f" ({'; '.join(notes)})" if notes else ""))]
-    rows += [resources_row(config), backend_row(config)]
-    folder = config.model.folder()
-    model = meta_transformer(folder)
-    family = family_for_transformer(type(model).__name__)
-    params = stored_parameters(folder)
-    rows += [plan_row(config, model, family), memory_row(config, model, family, params),
-             shm_row(config, model, family)]
-    return rows
+    return Row("inputs", True, f"prompts (each one scorable by {scored}), reward, model folder"
+               + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def format_rows(rows: list[Row]) -> str:
     width = max(len(r.check) for r in rows)
     status = {True: "ok  ", False: "FAIL", None: "warn"}
-    return "\n".join(f"{status[r.ok]}  {r.check:<{width}}  {r.detail}" for r in rows)
+    return "\n".join(f"{status[r.ok] if r.evaluated else '----'}  {r.check:<{width}}  {r.detail}" for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = run_checks(config)
     print(format_rows(rows))
-    failed = [r.check for r in rows if r.ok is False]
+    failed = [r.check for r in rows if r.ok is False and r.evaluated]
     if failed:
         print(f"\n{len(failed)} check(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -61,10 +61,11 @@ class Bookkeeping:
                            sampling=self.eval_sampling, reward=self.reward, prompt_set=self.eval_prompt_set)
         return GridSamples([p for p in prompts for _ in range(c.grid_seeds)], out.images, out.rewards, c.grid_seeds)
 
-    def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
-        """Held-out prompts × fixed seeds: images [P·S, C, H, W] (`learner.evaluation.sample_grid`)."""
+    def sample_images(self, seeds_per_prompt: int = 6, *, base: bool = False) -> torch.Tensor:
+        """Held-out prompts × fixed seeds: images [P·S, C, H, W] (`learner.evaluation.sample_grid`); `base`:
+        the base model's, for the same prompts and seeds."""
         return sample_grid(self.policy, self.state, self.eval_prompts, run_seed=self.seed,
-                           seeds_per_prompt=seeds_per_prompt, sampling=self.eval_sampling)
+                           seeds_per_prompt=seeds_per_prompt, sampling=self.eval_sampling, base=base)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def checkpoint_due(self, done: int) -> bool:

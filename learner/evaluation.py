@@ -91,13 +91,15 @@ def evaluated_weights(state: TrainingState) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def grid_samples(policy: FlowPolicy, state: TrainingState, prompts: list[str], *, run_seed: int,
                  seeds_per_prompt: int, sampling: Sampling, reward: Reward | None = None,
-                 prompt_set: PromptSet | None = None) -> Generated:
+                 prompt_set: PromptSet | None = None, base: bool = False) -> Generated:
     """A grid's samples, rows prompt p × seeds s: images [P·S, C, H, W] (and each one's reward, when
     `reward` is given), a pure function of θ's evaluated weights and the config, whatever this process
     did before (a resumed run's grid is the undisturbed run's, byte for byte): θ is merged into a plain
     transformer — the weights final/transformer.safetensors holds — and sampled in `fixed_numerics`.
-    The global RNG is not drawn from."""
-    model = plain_transformer(state.transformer, evaluated_weights(state))
+    The global RNG is not drawn from. `base`: the base model's samples instead (the reference view), the
+    same prompts and seeds, for a before/after grid."""
+    weights = state.merged_weights("reference") if base else evaluated_weights(state)
+    model = plain_transformer(state.transformer, weights)
     seeds = [s for row in range(len(prompts)) for s in grid_seeds(run_seed, row, seeds_per_prompt)]
     per_seed = [p for p in prompts for _ in range(seeds_per_prompt)]
     metadata = prompt_set.metadata_of(per_seed) if prompt_set is not None and reward is not None else None
@@ -106,7 +108,7 @@ def grid_samples(policy: FlowPolicy, state: TrainingState, prompts: list[str], *
 
 
 def sample_grid(policy: FlowPolicy, state: TrainingState, prompts: list[str], *, run_seed: int,
-                seeds_per_prompt: int, sampling: Sampling) -> torch.Tensor:
+                seeds_per_prompt: int, sampling: Sampling, base: bool = False) -> torch.Tensor:
     """The images of `grid_samples`."""
     return grid_samples(policy, state, prompts, run_seed=run_seed, seeds_per_prompt=seeds_per_prompt,
-                        sampling=sampling).images
+                        sampling=sampling, base=base).images

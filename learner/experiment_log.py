@@ -26,10 +26,12 @@ import torch
 from PIL import Image, ImageDraw
 
 from learner.config import LoggingConfig, WandbConfig
+from learner.grid_layout import resized, tile_size
 
 # sink → (the module it imports, the extra that installs it)
 EXTRAS = {"wandb": ("wandb", "wandb"), "tensorboard": ("tensorboard", "tensorboard")}
 TILE = 96  # px: small images are enlarged (nearest) so a grid is readable
+LABEL = 14  # px: the reward line under each tile of the labelled grid
 
 
 def enabled(config: LoggingConfig) -> list[str]:
@@ -69,12 +71,14 @@ class GridSamples:
     columns: int
 
     def tiles(self) -> list[np.ndarray]:
-        """Each sample as uint8 HWC, enlarged to at least TILE px."""
+        """Each sample as uint8 HWC, enlarged to at least TILE px, or shrunk so that the labelled grid stays
+        within `learner.grid_layout.MAX_GRID_SIDE`."""
         pixels = (self.images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
         pixels = pixels.expand(-1, 3, -1, -1) if pixels.shape[1] == 1 else pixels[:, :3]
-        scale = max(1, math.ceil(TILE / pixels.shape[-1]))
-        return [np.asarray(Image.fromarray(p.permute(1, 2, 0).numpy()).resize(
-            (p.shape[2] * scale, p.shape[1] * scale), Image.NEAREST)) for p in pixels]
+        h, w = pixels.shape[-2:]
+        size = tile_size(h, w, math.ceil(len(pixels) / self.columns), self.columns, extra_height=LABEL,
+                         enlarge=max(1, math.ceil(TILE / w)))
+        return [resized(p.permute(1, 2, 0).numpy(), size) for p in pixels]
 
     def captions(self) -> list[str]:
         return [f"{prompt} · reward {float(r):.3f}" for prompt, r in zip(self.prompts, self.rewards, strict=True)]
@@ -83,7 +87,7 @@ class GridSamples:
         """The grid as one uint8 HWC image, each tile's reward written under it."""
         tiles = self.tiles()
         h, w = tiles[0].shape[:2]
-        label, rows = 14, math.ceil(len(tiles) / self.columns)
+        label, rows = LABEL, math.ceil(len(tiles) / self.columns)
         canvas = Image.new("RGB", (self.columns * w, rows * (h + label)), "white")
         draw = ImageDraw.Draw(canvas)
         for i, (tile, r) in enumerate(zip(tiles, self.rewards, strict=True)):

@@ -79,15 +79,16 @@ def adapter_parameters(transformer: nn.Module, adapter: str) -> dict[str, nn.Par
     return out
 
 
-def merged_lora(transformer: nn.Module, layers: LoraLayers, adapter: str,
+def merged_lora(transformer: nn.Module, layers: LoraLayers, adapter: str | None,
                 base_keys: list[str]) -> dict[str, torch.Tensor]:
-    """The transformer with `adapter` merged into each LoRA layer's weight, under the base model's keys."""
+    """The transformer with `adapter` merged into each LoRA layer's weight, under the base model's keys
+    (None: no adapter, the base model itself)."""
     out: dict[str, torch.Tensor] = {}
     for key, value in transformer.state_dict().items():
         if ".lora_" in key:
             continue
         out[key.replace(".base_layer.", ".")] = value
-    for name, layer in layers:
+    for name, layer in layers if adapter is not None else ():
         out[f"{name}.weight"] = add_delta(layer.get_base_layer().weight, layer.get_delta_weight(adapter))
     return {key: out[key] for key in base_keys if key in out}
 

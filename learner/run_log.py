@@ -123,7 +123,9 @@ def truncate_metrics(path: Path, iteration: int) -> list[dict[str, Any]]:
 def progress_line(m: dict[str, Any], progress: Progress | None = None) -> str:
     """One iteration's line; with `progress`, it starts with the run's progress and ETA instead of the index."""
     head = progress.line(m["iteration"] + 1) if progress is not None else f"iter {m['iteration']:3d}"
-    parts = [head, f"reward {m['reward_mean']:7.3f}"]
+    # the kept samples' mean: best and worst of each pool under best_worst selection, so flat by construction;
+    # the held-out reward is the one that shows learning
+    parts = [head, f"kept reward {m['reward_mean']:7.3f}"]
     if "eval_reward" in m:
         parts.append(f"held-out {m['eval_reward']:7.3f}" + (f" acc {m['eval_accuracy']:.3f}" if "eval_accuracy" in m
                                                              else ""))

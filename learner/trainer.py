@@ -226,8 +226,8 @@ class Trainer:
     def logged_grid(self):
         return self.books.logged_grid()
 
-    def sample_images(self, seeds_per_prompt: int = 6) -> torch.Tensor:
-        return self.books.sample_images(seeds_per_prompt)
+    def sample_images(self, seeds_per_prompt: int = 6, *, base: bool = False) -> torch.Tensor:
+        return self.books.sample_images(seeds_per_prompt, base=base)
 
     def resume(self, checkpoint: str | Path | None = None) -> None:
         """Continue from run_dir/checkpoint (or the folder given): bitwise the same continuation as not

@@ -232,17 +232,18 @@ class TrainingState:
 
     # ---- explorer weights ----------------------------------------------------------------------
     @torch.no_grad()
-    def merged_weights(self, view: str = "theta") -> dict[str, torch.Tensor]:
-        """θ ("theta") or θ_old ("old") as a plain transformer state dict (fresh or frozen tensors)."""
-        if view not in ("theta", "old"):
-            raise ValueError(f"merged_weights takes 'theta' or 'old', got {view!r}")
+    def merged_weights(self, view: View = "theta") -> dict[str, torch.Tensor]:
+        """θ, θ_old or the reference (the base model) as a plain transformer state dict (fresh or frozen
+        tensors)."""
+        if view not in VIEWS:
+            raise ValueError(f"merged_weights takes one of {VIEWS}, got {view!r}")
         if self.mode == "full":
-            model = self.transformer if view == "theta" else self.old_model
+            model = {"theta": self.transformer, "old": self.old_model, "reference": self.reference_model}[view]
             return {k: v.detach() for k, v in model.state_dict().items()}
         return self._merged_lora(view)
 
     def _merged_lora(self, view: str) -> dict[str, torch.Tensor]:
-        return merged_lora(self.transformer, self._layers, ADAPTERS[view], self._base_keys)
+        return merged_lora(self.transformer, self._layers, ADAPTERS.get(view), self._base_keys)
 
     def sampling_weights(self) -> dict[str, torch.Tensor]:
         """θ_old as a plain transformer state dict (the base's keys, shapes and dtypes): what the explore

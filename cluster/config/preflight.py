@@ -52,7 +52,7 @@ def _check_scorable(config: SolRLConfig, sets: dict[str, tuple[str, PromptSet]])
                     f"set it can score, or choose another reward (reward.weights)")) from None
 
 
-def _check_model(config: SolRLConfig) -> None:
+def check_model(config: SolRLConfig) -> None:
     if config.model.path == "embedded":
         return  # committed with the repository, and loaded by the test suite
     try:
@@ -133,5 +133,5 @@ def check_inputs(config: SolRLConfig) -> list[str]:
     notes: list[str] = []
     _check_reward(config, notes)
     _check_scorable(config, sets)
-    _check_model(config)  # last: the only check that may import diffusers and transformers
+    check_model(config)  # last: the only check that may import diffusers and transformers
     return notes + _selection_notes(config)

@@ -5,12 +5,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from cluster.config.schema import SolRLConfig
 from cluster.reports.figures import save_image_grid, save_reward_curve
 from cluster.reports.run_costs import measured_costs
 from learner.run_log import read_base_evaluation, write_summary
 
-SEEDS_PER_PROMPT = 6  # the held-out grid of samples.png: each prompt's row
+SEEDS_PER_PROMPT = 6  # the held-out grid of samples.png: each prompt's row holds these seeds twice
+
+
+def before_after(base: torch.Tensor, trained: torch.Tensor, seeds: int) -> torch.Tensor:
+    """Per prompt, its `seeds` base-model samples and then the trained model's of the same seeds: a grid of
+    one row per prompt shows before | after (what users publish)."""
+    rows = base.shape[0] // seeds
+    return torch.cat([base.view(rows, seeds, *base.shape[1:]), trained.view(rows, seeds, *trained.shape[1:])],
+                     dim=1).flatten(0, 1)
 
 
 def finish(config: SolRLConfig, run_dir: Path, job, full: list[dict], ray_job: str | None = None) -> dict:
@@ -19,8 +29,10 @@ def finish(config: SolRLConfig, run_dir: Path, job, full: list[dict], ray_job: s
     import ray
 
     files = ray.get(job.learner.save_final.remote(str(run_dir / "final")))
-    images = ray.get(job.learner.sample_images.remote(SEEDS_PER_PROMPT))
-    samples = save_image_grid(images, rows=images.shape[0] // SEEDS_PER_PROMPT, path=run_dir / "samples.png")
+    trained, base_images = ray.get([job.learner.sample_images.remote(SEEDS_PER_PROMPT, base)
+                                    for base in (False, True)])
+    samples = save_image_grid(before_after(base_images, trained, SEEDS_PER_PROMPT),
+                              rows=trained.shape[0] // SEEDS_PER_PROMPT, path=run_dir / "samples.png")
     base = read_base_evaluation(run_dir)
     evals = [m for m in full if "eval_reward" in m]
     summary = {"run_dir": str(run_dir), "ray_job": ray_job, "iterations": len(full), "final": files,

@@ -91,3 +91,39 @@ def test_memory_estimate_follows_its_formulas():
     # LoRA: 7 fp32 copies of r·(in + out) over the family's 8 attention projections of each of the 4 blocks
     lora = sum(32 * (64 + 64) for _ in range(4) for _ in range(8)) - 32 * (64 + 64)  # block 3 has no to_add_out
     assert plain["learner_training_state"] * 2**30 == pytest.approx(7 * 4 * lora)
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in __import__("pathlib").Path("configs").glob("*.yaml")))
+def test_every_shipped_preset_prints_every_row_at_once(preset, capsys):
+    """Whatever fails first (here: reward files and model folders that are not on this machine), each row is
+    printed; the model's rows say what they would need when its folder is not there."""
+    main(["--config", f"configs/{preset}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == ["inputs", "resources", "backend", "plan", "memory", "shm"], lines
+    for line in lines[3:]:
+        assert line.startswith(("ok  ", "FAIL", "warn")) or "not evaluated: " in line, line
+    if "not evaluated" in lines[3]:
+        assert "not evaluated: model.path: " in lines[3]
+
+
+def test_the_memory_row_compares_each_actor_with_its_gpu_share():
+    from cluster.check import memory_row
+
+    config = load_config("configs/embedded.yaml", ["cluster.learner.num_gpus=1", "cluster.explorers.num_gpus=0.5"])
+    model = meta_transformer(config.model.folder())
+    family, params = family_for_transformer(type(model).__name__), stored_parameters(config.model.folder())
+    m = estimate_memory(config, model, family, params)
+    roomy = memory_row(config, model, family, params, gpu_gib=80.0)
+    assert roomy.ok and roomy.detail.endswith("fits a 80 GiB GPU")
+    # a GPU between the two estimates: the explorer's half share is too small, the learner's whole one is not
+    tight = memory_row(config, model, family, params, gpu_gib=1.5 * m["explorer"])
+    assert (m["learner"] <= 1.5 * m["explorer"]) == ("each learner needs" not in tight.detail)
+    assert tight.ok is False
+    share = f"each explorer needs ≈ {m['explorer']:.1f} GiB of its {0.75 * m['explorer']:.1f} GiB GPU share"
+    assert share in tight.detail
+    assert "a smaller explore.batch_size" in tight.detail
+    tiny = memory_row(config, model, family, params, gpu_gib=1e-6)
+    assert tiny.ok is False and "training.gradient_checkpointing=true" in tiny.detail
+    on_cpu = memory_row(load_config("configs/embedded.yaml"), model, family, params, gpu_gib=1e-6)
+    assert on_cpu.ok and on_cpu.detail.endswith("not compared: no actor takes a GPU")
+    assert memory_row(config, model, family, params).detail.endswith("not compared with a GPU's memory (no GPU here)")

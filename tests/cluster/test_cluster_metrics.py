@@ -85,7 +85,7 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
     lines = [line for line in logged if line.startswith("iteration ")]
     assert len(lines) == ITERATIONS
     for line, row in zip(lines, rows, strict=True):
-        assert f"reward {row['reward_mean']:7.3f}" in line and f"train {row['train_s']:.1f}s" in line
+        assert f"kept reward {row['reward_mean']:7.3f}" in line and f"train {row['train_s']:.1f}s" in line
     assert f"held-out {rows[-1]['eval_reward']:7.3f}" in lines[-1]
     assert values["ray_solrl_explorer_retries_total"] >= 1
     assert values["ray_solrl_weight_syncs_total"] >= ITERATIONS  # versions 0 and 1 (2 is never needed)

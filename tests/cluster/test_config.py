@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -186,3 +187,21 @@ def test_launch_refuses_a_bad_config_before_ray_starts(capsys, tmp_path):
     assert not ray.is_initialized() and not (tmp_path / "r").exists()
     assert launch.main(["--resume", str(tmp_path / "nothing")]) == 2
     assert "no config.yaml there" in capsys.readouterr().err
+
+
+def test_print_config_shows_the_resolved_config_and_starts_nothing(tmp_path, capsys, monkeypatch):
+    import yaml
+
+    from cluster import launch
+
+    monkeypatch.chdir(tmp_path)  # a run directory would appear here (runs/…): none may
+    repo = Path(__file__).resolve().parents[2]
+    assert launch.main(["--print-config", "--config", str(repo / "configs/embedded.yaml"),
+                        "--set", "prompts.keep=6", "--set", "cluster.explorers.count=3"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    expected = load_config(repo / "configs/embedded.yaml", ["prompts.keep=6", "cluster.explorers.count=3"])
+    assert printed == expected.model_dump(mode="json") and printed["prompts"]["keep"] == 6
+    assert list(tmp_path.iterdir()) == []
+    preset = str(repo / "configs/embedded.yaml")
+    assert launch.main(["--print-config", "--config", preset, "--set", "prompts.keep=0"]) == 2
+    assert "prompts.keep" in capsys.readouterr().err
