@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors.metrics import METRICS, UNITS, by_name
+from cluster.reports.doc_sections import splice
 
 DASHBOARD_FILE = Path(__file__).parent / "dashboards" / "solrl_grafana_dashboard.json"
 MONITORING_DOC = Path(__file__).resolve().parents[2] / "docs" / "monitoring.md"  # absent in an installed wheel
@@ -219,11 +220,7 @@ def markdown_table() -> str:
 def splice_tables(doc: str) -> str:
     """`doc` with the text between `<!-- metrics:begin/end -->` and `<!-- panels:begin/end -->` regenerated."""
     for section, table in (("metrics", metrics_table), ("panels", markdown_table)):
-        begin, end = f"<!-- {section}:begin -->\n", f"<!-- {section}:end -->"
-        if begin not in doc or end not in doc:
-            raise ValueError(f"the monitoring doc has lost its {begin.strip()} … {end} markers")
-        head, rest = doc.split(begin, 1)
-        doc = head + begin + table() + end + rest.split(end, 1)[1]
+        doc = splice(doc, section, table())
     return doc
 
 

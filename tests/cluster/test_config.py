@@ -205,3 +205,17 @@ def test_print_config_shows_the_resolved_config_and_starts_nothing(tmp_path, cap
     preset = str(repo / "configs/embedded.yaml")
     assert launch.main(["--print-config", "--config", preset, "--set", "prompts.keep=0"]) == 2
     assert "prompts.keep" in capsys.readouterr().err
+
+
+def test_the_config_reference_in_the_docs_is_the_schema():
+    """docs/config.md's tables are generated (`python -m cluster.config.reference`): stale, this fails."""
+    from cluster.config.reference import CONFIG_DOC, current
+
+    doc = CONFIG_DOC.read_text()
+    assert current(doc) == doc, "docs/config.md is stale: run python -m cluster.config.reference"
+    for path in ("learner.objective", "sampler.solver", "sampler.sde_noise_level", "explore.schedule",
+                 "explore.halving_steps", "explore.batch_size", "learner.grpo.clip_range", "learner.decay.ramp_steps",
+                 "cluster.explorers.join_timeout_s", "logging.wandb.project"):
+        assert f"| `{path}` |" in doc, path
+    for option in ("processor_path", "tokenizer_path", "clip_path"):
+        assert f"`{option}`" in doc, option
