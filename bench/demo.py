@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.rank_fidelity import format_table, measure
-from cluster.config.loading import load_config
+from cluster.config.loading import add_config_arguments, load_config
 from cluster.reports.figures import save_image_grid, save_reward_curve
 from cluster.reports.summary import before_after
 from diffusion.embedded.data import TRAIN_TEMPLATES, prompt_for
@@ -41,12 +41,12 @@ def sample_digits(trainer: Trainer, seed: int) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/embedded.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
-    parser.add_argument("--iterations", type=int, default=10)
-    parser.add_argument("--fidelity-prompts", type=int, default=5)
+    parser = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    parser.add_argument("--run-dir", type=Path, default=Path("runs/demo"), help="where its files go")
+    parser.add_argument("--iterations", type=int, default=10, help="training iterations")
+    parser.add_argument("--fidelity-prompts", type=int, default=5, help="prompts of the rank-fidelity table")
     args = parser.parse_args(argv)
     config = load_config(args.config, [*args.set, f"run.iterations={args.iterations}"])  # fails before work
     torch.set_num_threads(2)

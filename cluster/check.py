@@ -35,7 +35,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from cluster.config.loading import ConfigError, load_config, one_line
+from cluster.config.loading import ConfigError, add_config_arguments, load_config, one_line
 from cluster.config.preflight import check_inputs, check_model
 from cluster.config.schema import SolRLConfig
 
@@ -344,9 +344,9 @@ def format_rows(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/embedded.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser = argparse.ArgumentParser(prog="python -m cluster.check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.set)

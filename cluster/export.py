@@ -101,11 +101,14 @@ def export(run_dir: Path, out: Path, policy: str = "ema", checkpoint: str = "lat
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-dir", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--policy", choices=("ema", "theta", "old"), default="ema")
-    parser.add_argument("--checkpoint", choices=("latest", "previous"), default="latest")
+    parser = argparse.ArgumentParser(prog="python -m cluster.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", type=Path, required=True, help="the run to export (its checkpoint and config)")
+    parser.add_argument("--out", type=Path, required=True, help="the pipeline folder to write (not inside the run)")
+    parser.add_argument("--policy", choices=("ema", "theta", "old"), default="ema",
+                        help="which weights: θ's EMA (what evaluation saw), θ, or the sampling policy θ_old")
+    parser.add_argument("--checkpoint", choices=("latest", "previous"), default="latest",
+                        help="the checkpoint to export (the last two are kept)")
     args = parser.parse_args(argv)
     try:
         out = export(args.run_dir, args.out, args.policy, args.checkpoint)

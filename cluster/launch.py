@@ -40,7 +40,7 @@ import yaml
 
 from actors.identity import job_name, run_label
 from cluster.check import format_rows, run_checks
-from cluster.config.loading import ConfigError, load_config, one_line
+from cluster.config.loading import ConfigError, add_config_arguments, load_config, one_line
 from cluster.config.preflight import check_inputs
 from cluster.config.schema import SolRLConfig
 from cluster.reports.summary import finish, print_summary
@@ -320,9 +320,9 @@ def print_config(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/embedded.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser = argparse.ArgumentParser(prog="python -m cluster.launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
     parser.add_argument("--run-dir", default=None, help="absolute, or relative to run.root / the current directory")
     parser.add_argument("--resume", default=None, metavar="DIR", help="continue the run in DIR")
     parser.add_argument("--checkpoint", choices=("latest", "previous"), default="latest",

@@ -6,6 +6,7 @@ set it, and the fix; `cluster.config.schema` holds what the fields are and the r
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,30 @@ def _describe(error: ValidationError, locate: Locate | None = None) -> list[str]
     return lines
 
 
+def _read_preset(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict[str, Any], dict[KeyPath, int]]:
+    """A preset's tree with its `base:` preset (a path relative to it) underneath: a variant states only
+    what differs. The line of each key is the variant's own (a base's keys are not located)."""
+    tree, lines = _read_config_file(path)
+    base = tree.pop("base", None)
+    if base is None:
+        return tree, lines
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base must name a preset file (given {base!r})")
+    base_path = (path.parent / base).resolve()
+    if base_path in seen or base_path == path.resolve():
+        raise ConfigError(f"{path}: base {base} leads back to itself; a preset's bases must not form a loop")
+    under, _ = _read_preset(base_path, (*seen, path.resolve()))
+    return _merged(under, tree), lines
+
+
+def _merged(base: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
+    """`variant` over `base`: sections merged key by key, any other value replaced whole."""
+    out = dict(base)
+    for key, value in variant.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def _parse(tree: dict[str, Any], locate: Locate | None) -> SolRLConfig:
     try:
         return SolRLConfig.model_validate(tree)
@@ -176,6 +201,19 @@ def revalidate(config: SolRLConfig) -> SolRLConfig:
     return _parse(config.model_dump(mode="json"), None)
 
 
+# The embedded world's preset, found from this file, not from the current directory (a checkout's configs/).
+DEFAULT_PRESET = Path(__file__).resolve().parents[2] / "configs" / "embedded.yaml"
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config and --set, as every command that reads a config takes them."""
+    default = str(DEFAULT_PRESET) if DEFAULT_PRESET.is_file() else "configs/embedded.yaml"
+    parser.add_argument("--config", default=default,
+                        help="the YAML preset (default: the embedded world, configs/embedded.yaml)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one field after the preset, e.g. --set prompts.keep=12 (repeatable)")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SolRLConfig:
     """Read a YAML preset (or the defaults), apply `key.path=value` overrides, validate.
 
@@ -184,7 +222,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     tree: dict[str, Any] = {}
     lines: dict[KeyPath, int] = {}
     if path is not None:
-        tree, lines = _read_config_file(path)
+        tree, lines = _read_preset(Path(path))
     for override in overrides:
         apply_override(tree, override)
     return _parse(tree, _locator(path, lines, overrides) if path is not None else None)

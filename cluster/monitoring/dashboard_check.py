@@ -203,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/dashboard-check"))
+    parser = argparse.ArgumentParser(prog="python -m cluster.dashboard_check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("runs/dashboard-check"),
+                        help="where the report, the screenshots and the job's log go")
     parser.add_argument("--iterations", type=int, default=24,
                         help="long enough that the actors are still alive when the pages are captured")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds a page gets to load its data")

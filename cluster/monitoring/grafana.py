@@ -244,7 +244,8 @@ def install_dashboard(session_dir: str | Path, wait_s: float = 20.0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m cluster.grafana", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--markdown", action="store_true", help="print the panel table instead")
     args = parser.parse_args(argv)
     if args.markdown:

@@ -219,3 +219,39 @@ def test_the_config_reference_in_the_docs_is_the_schema():
         assert f"| `{path}` |" in doc, path
     for option in ("processor_path", "tokenizer_path", "clip_path"):
         assert f"`{option}`" in doc, option
+
+
+def test_a_preset_states_only_its_differences_from_its_base(tmp_path):
+    """configs/embedded_art.yaml is embedded.yaml plus what its comment says; a base that loops is refused."""
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+        return out
+
+    base, art = (flat(load_config(f"configs/{name}.yaml").model_dump(mode="json"))
+                 for name in ("embedded", "embedded_art"))
+    assert {k: art[k] for k in art if art[k] != base[k]} == {
+        "run.name": "embedded_art", "learner.objective": "art", "learner.decay.type": 0, "eval.every": 5,
+        "cluster.explorers.threads": 1, "cluster.learner.threads": 1}
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="leads back to itself"):
+        load_config(tmp_path / "a.yaml")
+
+
+@pytest.mark.parametrize("module", ["cluster.launch", "cluster.check", "cluster.export", "bench.demo"])
+def test_each_commands_help_names_it_and_explains_every_flag(module, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).main(["--help"])
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: python -m {module}")
+    lines = text[text.index("\noptions:"):].splitlines()[1:]
+    for i, line in enumerate(lines):
+        if line.startswith("  -") and not line.startswith("  -h"):
+            flags, _, helptext = line.strip().partition("  ")
+            described = helptext.strip() or (i + 1 < len(lines) and lines[i + 1].startswith(" " * 8)
+                                              and not lines[i + 1].strip().startswith("-"))
+            assert described, f"{module}: {flags} has no help text"
