@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from cluster.config.loading import load_config
+from cluster.config.preflight import check_inputs
 from diffusion.explore import ExploreEngine
 from diffusion.loading import load_policy_from_config
 from diffusion.noise import candidate_seeds
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.n < 13:
         parser.error("--n must be at least 13 (hit@12 needs more candidates than 12)")
     torch.set_num_threads(args.threads)
-    config = load_config(args.config, args.set)
+    config = check_inputs(load_config(args.config, args.set)).config  # hub ids → local snapshots, files checked
     policy = load_policy_from_config(config.model)
     reward = build_reward_from_config(config.reward)
     results = measure(config, policy, reward, args.prompts, args.n, args.explore_steps, args.train_steps,

@@ -305,14 +305,15 @@ def shm_row(config: SolRLConfig, model: nn.Module, family, free: int | None = No
 
 
 def run_checks(config: SolRLConfig, *, inputs_checked: bool = False) -> list[Row]:
-    """Every row; the model-dependent ones only once the inputs check passes. `inputs_checked`: the caller
-    already ran `check_inputs` on this config and printed its notes (`cluster.launch` does), so the inputs
-    row reports that pass rather than reading every file a second time."""
+    """Every row; the model-dependent ones only once the model folder passes. `inputs_checked`: the caller
+    already ran `check_inputs` on this config — resolved, its hub ids local folders — and printed its notes
+    (`cluster.launch` does), so the inputs row reports that pass rather than reading every file a second time."""
     from diffusion.families import family_for_transformer
 
-    rows = [_inputs_row(config, inputs_checked), resources_row(config), backend_row(config)]
+    inputs, config = _inputs_row(config, inputs_checked)
+    rows = [inputs, resources_row(config), backend_row(config)]
     try:  # the model's rows need only the model folder: evaluated whatever else the inputs row found
-        check_model(config)
+        config, _ = check_model(config)
     except ConfigError as exc:
         return [*rows, Row("plan", False, f"not evaluated: {exc}", evaluated=False),
                 *(Row(name, False, "not evaluated: it needs the model folder (above)", evaluated=False)
@@ -325,16 +326,18 @@ def run_checks(config: SolRLConfig, *, inputs_checked: bool = False) -> list[Row
             shm_row(config, model, family)]
 
 
-def _inputs_row(config: SolRLConfig, inputs_checked: bool) -> Row:
+def _inputs_row(config: SolRLConfig, inputs_checked: bool) -> tuple[Row, SolRLConfig]:
+    """The inputs row, and the config with its hub ids resolved (as given when the inputs fail)."""
     notes: list[str] = []
     if not inputs_checked:
         try:
-            notes = check_inputs(config)
+            checked = check_inputs(config)
         except ConfigError as exc:
-            return Row("inputs", False, str(exc))
+            return Row("inputs", False, str(exc)), config
+        config, notes = checked.config, checked.notes
     scored = ", ".join(config.reward.weights)
     return Row("inputs", True, f"prompts (each one scorable by {scored}), reward, model folder"
-               + (f" ({'; '.join(notes)})" if notes else ""))
+               + (f" ({'; '.join(notes)})" if notes else "")), config
 
 
 def format_rows(rows: list[Row]) -> str:

@@ -27,6 +27,7 @@ import torch
 from safetensors import SafetensorError
 
 from cluster.config.loading import ConfigError, load_config, one_line
+from cluster.config.preflight import check_model
 from diffusion.loading import load_policy
 from diffusion.noise import lora_init_seed
 from learner.checkpoint import CorruptCheckpoint, previous_checkpoint
@@ -78,7 +79,7 @@ def export(run_dir: Path, out: Path, policy: str = "ema", checkpoint: str = "lat
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"--run-dir {run_dir}: no config.yaml there (not a run directory of this tool, or its first "
                           "iteration never started)")
-    config = load_config(run_dir / "config.yaml")
+    config, _ = check_model(load_config(run_dir / "config.yaml"))  # a hub id: its snapshot in the local cache
     check_out(out, run_dir, config.model.folder())
     folder = run_dir / "checkpoint"
     if checkpoint == "previous":

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,8 +41,9 @@ import yaml
 
 from actors.identity import job_name, run_label
 from cluster.check import format_rows, run_checks
+from cluster.config.hub_sources import Source
 from cluster.config.loading import ConfigError, add_config_arguments, load_config, one_line
-from cluster.config.preflight import check_inputs
+from cluster.config.preflight import Checked, check_inputs
 from cluster.config.schema import SolRLConfig
 from cluster.reports.summary import finish, print_summary
 from cluster.runtime import run_lock
@@ -59,7 +61,8 @@ MIN_FREE_BYTES = 64 * 2**20  # below this a run cannot write its first checkpoin
 class Plan:
     """What to run, decided before Ray starts."""
 
-    config: SolRLConfig
+    config: SolRLConfig  # as given (presets and --set): what config.yaml keeps, hub ids included
+    checked: Checked  # the preflight's pass: the config the actors get (hub ids resolved), their sources
     run_dir: Path
     resume: bool | str = False  # False; or the checkpoint folder to continue from
     notes: list[str] = field(default_factory=list)
@@ -126,7 +129,8 @@ def _resume_plan(args: argparse.Namespace) -> Plan:
             raise ConfigError(f"--resume {given} --checkpoint previous: there is no {folder.name}/ (a run keeps the "
                               "one before the last once it has written two); resume without --checkpoint")
     if not _has_checkpoint(folder):  # it died before its first checkpoint: start it again, history kept
-        plan = Plan(config, run_dir, notes=check_inputs(config), restart=True)
+        checked = check_inputs(config)
+        plan = Plan(config, checked, run_dir, notes=list(checked.notes), restart=True)
         plan.notes.append(f"{run_dir} has no checkpoint yet (its last start ended before the first one): starting "
                           "it again from iteration 0; launches.jsonl keeps the earlier attempts")
         return plan
@@ -138,7 +142,8 @@ def _resume_plan(args: argparse.Namespace) -> Plan:
         raise ConfigError(f"{exc}{hint}") from None
     except FileNotFoundError as exc:
         raise ConfigError(f"--resume {given}: {exc}") from None
-    plan = Plan(config, run_dir, resume=str(folder), notes=check_inputs(config))
+    checked = check_inputs(config)
+    plan = Plan(config, checked, run_dir, resume=str(folder), notes=list(checked.notes))
     note = _learner_count_note(meta, config, args.set)
     if note is not None:
         plan.notes.append(note)
@@ -156,13 +161,13 @@ def resolve(args: argparse.Namespace) -> Plan:
     if args.resume is not None:
         return _resume_plan(args)
     config = load_config(args.config, args.set)
-    notes = check_inputs(config)
+    checked = check_inputs(config)
     run_dir = run_directory(args.run_dir, config)
     check_run_directory(run_dir)
     if holds_a_run(run_dir):
         raise ConfigError(f"--run-dir {run_dir} already holds a run: continue it with --resume {run_dir} "
                           "or choose another directory")
-    return Plan(config, run_dir, notes=notes)
+    return Plan(config, checked, run_dir, notes=list(checked.notes))
 
 
 def holds_a_run(run_dir: Path) -> bool:
@@ -261,12 +266,14 @@ def write_config(run_dir: Path, config: SolRLConfig) -> None:
 
 
 def record_launch(run_dir: Path, config: SolRLConfig, args: argparse.Namespace, iteration: int,
-                  namespace: str | None = None) -> None:
-    """Once the run has started: the resolved config, and one line of launches.jsonl (its overrides)."""
+                  namespace: str | None = None, sources: Sequence[Source] = ()) -> None:
+    """Once the run has started: the config as given, and one line of launches.jsonl (its overrides, and the
+    hub repos it resolved: repo, commit and snapshot folder of each)."""
     write_config(run_dir, config)
     line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resume": args.resume is not None,
             "checkpoint": args.checkpoint if args.resume is not None else None, "config": args.config,
             "overrides": list(args.set), "from_iteration": iteration, "to_iteration": config.run.iterations,
+            "hub_sources": [source.record() for source in sources],
             "ray_job": ray_job_id(), "ray_namespace": namespace}
     with (run_dir / "launches.jsonl").open("a") as f:
         f.write(json.dumps(line) + "\n")
@@ -345,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan.complete:
         return 0
     # the preflight of `python -m cluster.check` (backend, layer plan, memory); resolve checked the inputs
-    rows = run_checks(plan.config, inputs_checked=True)
+    rows = run_checks(plan.checked.config, inputs_checked=True)
     print(format_rows(rows))
     if any(row.ok is False for row in rows):  # a row not evaluated fails too: what it needs is broken
         print("error: a check failed (above); nothing was started", file=sys.stderr)
@@ -375,11 +382,11 @@ def _run(args: argparse.Namespace, plan: Plan) -> int:
     from cluster.runtime import driver
     from cluster.runtime.learner_group import JobFailed
 
-    config, run_dir = plan.config, plan.run_dir
+    config, run_dir = plan.checked.config, plan.run_dir  # config: hub ids resolved to local folders
     # plan.restart: what an attempt that never reached a checkpoint logged is redone (the run log starts
     # again at iteration 0)
     if not plan.resume:  # at once, so a start that dies before training can be resumed (it restarts)
-        write_config(run_dir, config)
+        write_config(run_dir, plan.config)
     print(f"run directory: {run_dir}  ({config.cluster.explorers.count} explorer(s), {config.cluster.mode} mode)")
     signals, local, clean = Signals(), None, False
     position: dict[str, int | None] = {"iteration": None}
@@ -387,7 +394,7 @@ def _run(args: argparse.Namespace, plan: Plan) -> int:
 
     def started(job, status: dict) -> None:
         position["iteration"] = status["iteration"]
-        record_launch(run_dir, config, args, status["iteration"], job.namespace)
+        record_launch(run_dir, plan.config, args, status["iteration"], job.namespace, plan.checked.sources)
         if local is not None:
             local.record()  # now with the actors' processes
         show_dashboards(job)

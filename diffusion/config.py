@@ -16,7 +16,9 @@ EMBEDDED_MODEL = Path(__file__).parent / "embedded" / "artifacts" / "model"
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field("embedded", description="a diffusers-format model folder, or 'embedded'")
+    path: str = Field("embedded", description="a diffusers-format model folder, a Hugging Face repo id "
+                      "(org/name or org/name@revision: only what the pipeline loads is fetched, before Ray "
+                      "starts; the cache alone with HF_HUB_OFFLINE=1), or 'embedded'")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="auto: bfloat16 on CUDA, float32 on CPU"

@@ -13,6 +13,7 @@ import importlib
 import json
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -23,6 +24,30 @@ from diffusion.families import family_for_transformer
 from diffusion.policy import FlowPolicy
 
 _LIBRARIES = ("diffusers", "transformers")
+# What a component folder holds that the loader reads: configs, tokenizer files, safetensors weights. Variant
+# weights (`model.fp16.safetensors`, `….fp16-00001-of-00002.safetensors`, their `.index.fp16.json`) are
+# loaded only when asked for, which this loader never does, and pickles never.
+_COMPONENT_FILES = ("*.json", "*.txt", "*.model", "*.safetensors")
+_NOT_LOADED = ("*.*.safetensors", "*.safetensors.index.*.json", "*.bin.index.json", "*.msgpack.index.json")
+# The component folders of the families here, for naming a download before model_index.json is at hand.
+COMMON_COMPONENTS = ("transformer", "vae", "scheduler", "text_encoder", "text_encoder_2", "text_encoder_3",
+                     "tokenizer", "tokenizer_2", "tokenizer_3")
+
+
+def listed_components(index: dict) -> list[str]:
+    """The components model_index.json lists, in its order: metadata (`_…`) and `[null, null]` entries skipped."""
+    return [name for name, spec in index.items()
+            if not name.startswith("_") and isinstance(spec, list) and spec and spec[0] is not None]
+
+
+def pipeline_patterns(components: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(include, exclude) fnmatch patterns of the files `load_policy` reads from a folder with these components:
+    model_index.json and each component's configs, tokenizer files and weights; the rest of a hub repo (single-
+    file checkpoints at its root, other formats, variants) excluded. Shared by the hub download
+    (`diffusion.hub`) and the export (`pipeline_files`), so both take exactly what the loader loads."""
+    include = ["model_index.json", *(f"{name}/{pattern}" for name in components for pattern in _COMPONENT_FILES)]
+    exclude = [f"{name}/{pattern}" for name in components for pattern in _NOT_LOADED]
+    return include, exclude
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -96,10 +121,8 @@ def load_policy(
 
     target = _resolve_device(device)
     components: dict[str, nn.Module] = {}
-    for name, spec in index.items():
-        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
-            continue  # metadata, or a component saved as None
-        component = _load_component(folder, name, spec[0], spec[1], dtype)
+    for name in listed_components(index):
+        component = _load_component(folder, name, *index[name][:2], dtype)
         # With offload, text encoders stay where they were loaded (the CPU): never a peak on the device.
         stays = offload_text_encoders and name in family.text_components
         if component is not None:

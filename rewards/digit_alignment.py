@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from diffusion.embedded.data import digit_from_prompt
-from rewards.base import Metadata, Reward, register_reward
-from rewards.digit_classifier import load_classifier
+from rewards.base import Metadata, Reward, WeightFile, register_reward
+from rewards.digit_classifier import CONFIG_FILE, REBUILD_COMMAND, WEIGHTS_FILE, load_classifier
 
 
 def prompted_digits(prompts: Sequence[str]) -> torch.Tensor:
@@ -52,6 +52,15 @@ class DigitAlignment(Reward):
         self.classifier = load_classifier(path, device=device)
         self.device = torch.device(device)
         self.batch_size = batch_size
+
+    @classmethod
+    def required_files(cls, **options: object) -> list[WeightFile]:
+        """A classifier folder's config and weights; none for the committed one (`path` None)."""
+        path = options.get("path")
+        if path is None:
+            return []
+        source = f"`{REBUILD_COMMAND} --out {path}`"
+        return [WeightFile(Path(str(path)) / name, source) for name in (CONFIG_FILE, WEIGHTS_FILE)]
 
     @classmethod
     def check_prompts(cls, prompts: Sequence[str], metadata: Sequence[Metadata]) -> None:

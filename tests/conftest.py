@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -45,6 +46,20 @@ def tiny_folder(tmp_path_factory) -> Callable:
 
     folder.pipeline = pipeline
     return folder
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache (fill it with `tests/hub_cache.cache_repo`), offline, for this process and its
+    children: huggingface_hub reads the cache location at import, so its constant is set as well as the env."""
+    from huggingface_hub import constants
+
+    cache = Path(tmp_path) / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
 
 
 @pytest.fixture(scope="session")

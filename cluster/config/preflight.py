@@ -2,8 +2,11 @@
 
 `check_inputs` is the one pass, in stages: the config validated again (`cluster.config.loading.revalidate`: a
 config built with `model_copy(update=...)` skipped its validators), then the inputs it names (prompt sets,
-logging extras, reward options and files, each prompt set against the rewards, the model folder last).
-`cluster.launch` runs it once per launch, in its resolve; `cluster.check` runs it when it is its own command.
+logging extras, reward options and files, each prompt set against the rewards, the model folder last). Hub
+repo ids are resolved on the way (`cluster.config.hub_sources`: the rewards' before their files are checked,
+the model's last, so a bad prompt file fails before a multi-GB download), and the pass returns the config with
+local folders in their place: what the actors get. `cluster.launch` runs it once per launch, in its resolve;
+`cluster.check` runs it when it is its own command.
 
 Prompt sets are checked against the rewards that will score them (`Reward.check_prompts`): a digit reward
 needs a digit named in each prompt, ocr a quoted text, geneval each prompt's metadata.
@@ -15,9 +18,12 @@ costs about as much to check as importing diffusers and transformers (to look it
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+from cluster.config.hub_sources import Source, fetch_hint, model_source, reward_sources, with_sources
 from cluster.config.loading import ConfigError, one_line, revalidate
 from cluster.config.schema import SolRLConfig
 from diffusion.loading import check_model_folder, check_safetensors
@@ -52,16 +58,33 @@ def _check_scorable(config: SolRLConfig, sets: dict[str, tuple[str, PromptSet]])
                     f"set it can score, or choose another reward (reward.weights)")) from None
 
 
-def check_model(config: SolRLConfig) -> None:
+@dataclass(frozen=True)
+class Checked:
+    """What the preflight passed: the config with hub ids resolved to local folders, where each came from, and
+    notes for the log (accepted but worth saying)."""
+
+    config: SolRLConfig
+    sources: list[Source] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def check_model(config: SolRLConfig) -> tuple[SolRLConfig, Source | None]:
+    """The model folder checked as the loader will read it, a hub id resolved first: (the config with the local
+    folder, its source or None). A file missing from a hub snapshot comes with the download command."""
     if config.model.path == "embedded":
-        return  # committed with the repository, and loaded by the test suite
+        return config, None  # committed with the repository, and loaded by the test suite
+    source = model_source(config)
+    config = with_sources(config, [source] if source else [])
     try:
         check_model_folder(config.model.folder())
     except (OSError, ValueError, NotImplementedError) as exc:
-        raise ConfigError(one_line(f"model.path: {exc}")) from None
+        given = f"{source.ref}: " if source else ""
+        raise ConfigError(one_line(f"model.path: {given}{exc}{fetch_hint([source] if source else [], 'model')}")) \
+            from None
+    return config, source
 
 
-def _check_reward_files(config: SolRLConfig) -> None:
+def _check_reward_files(config: SolRLConfig, sources: list[Source]) -> None:
     """Every configured reward model's weight files, by the reward's own list (`Reward.required_files`)."""
     for name in config.reward.weights:
         options = config.reward.options.get(name, {})
@@ -71,7 +94,7 @@ def _check_reward_files(config: SolRLConfig) -> None:
             raise ConfigError(one_line(f"reward.options.{name}: {exc}")) from None
         if missing:
             files = "; ".join(f"{file.path} (from {file.source})" for file in missing)
-            raise ConfigError(f"reward.options.{name}: missing {files}")
+            raise ConfigError(f"reward.options.{name}: missing {files}{fetch_hint(sources, f'reward.options.{name}.')}")
         for file in reward_class(name).required_files(**options):
             try:  # headers and small text files only: whole, parseable, without reading weights
                 if file.path.suffix == ".safetensors":
@@ -85,17 +108,19 @@ def _check_reward_files(config: SolRLConfig) -> None:
                 raise ConfigError(one_line(f"reward.options.{name}: {exc} (from {file.source})")) from None
 
 
-def _check_reward(config: SolRLConfig, notes: list[str]) -> None:
+def _check_reward(config: SolRLConfig, notes: list[str], sources: list[Source]) -> None:
     for name in sorted(set(config.reward.options) - set(config.reward.weights)):
         notes.append(f"reward.options.{name} is ignored: {name} is not in reward.weights")
-    _check_reward_files(config)
-    folder = config.reward.options.get("digit_alignment", {}).get("path")
-    if folder is None or "digit_alignment" not in config.reward.weights:
-        return
+    for name in ("digit_alignment", "digit_margin"):  # the classifier's folder, its format too: a rebuild fixes it
+        folder = config.reward.options.get(name, {}).get("path")
+        if folder is not None and name in config.reward.weights:
+            _check_classifier_folder(f"reward.options.{name}.path", Path(folder))
+    _check_reward_files(config, sources)
+
+
+def _check_classifier_folder(field: str, path: Path) -> None:
     from rewards.digit_classifier import CONFIG_FILE, FORMAT, REBUILD_COMMAND, WEIGHTS_FILE
 
-    field = "reward.options.digit_alignment.path"
-    path = Path(folder)
     if not path.is_dir():
         what = "is a file" if path.exists() else "does not exist"
         raise ConfigError(f"{field}: {path} {what}; name the folder holding {CONFIG_FILE} and {WEIGHTS_FILE} "
@@ -122,16 +147,18 @@ def _selection_notes(config: SolRLConfig) -> list[str]:
     return []
 
 
-def check_inputs(config: SolRLConfig) -> list[str]:
-    """Raise ConfigError (one line: file/field, what is wrong, the fix) on the first bad input;
-    return notes for the log (accepted but worth saying)."""
+def check_inputs(config: SolRLConfig) -> Checked:
+    """Raise ConfigError (one line: file/field, what is wrong, the fix) on the first bad input; return the
+    config with its hub ids resolved, their sources, and notes for the log."""
     revalidate(config)  # stage 1: the fields and rules (a loaded config passes; one from model_copy may not)
     sets = _load_prompt_sets(config)  # stage 2: the files and packages it names
     missing = missing_extras(config.logging)  # W&B / TensorBoard asked for but not installed
     if missing:
         raise ConfigError(missing[0])
     notes: list[str] = []
-    _check_reward(config, notes)
+    sources = reward_sources(config)
+    config = with_sources(config, sources)
+    _check_reward(config, notes, sources)
     _check_scorable(config, sets)
-    check_model(config)  # last: the only check that may import diffusers and transformers
-    return notes + _selection_notes(config)
+    config, model = check_model(config)  # last: the only check that may import diffusers and transformers
+    return Checked(config, sources + ([model] if model else []), notes + _selection_notes(config))

@@ -19,9 +19,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest.mock import ANY
 
 import psutil
 import pytest
+import yaml
+from hub_cache import cache_repo, folder_files
+
+from diffusion.config import EMBEDDED_MODEL
+from rewards.digit_classifier import DEFAULT_DIR as CLASSIFIER_DIR
 
 pytestmark = pytest.mark.ray
 
@@ -93,11 +99,21 @@ def ray_head():
         assert not left, f"processes of the test's Ray left behind: {[p.pid for p in left]}"
 
 
-def submit(address: str, env: dict, *args: str, job: list[str] = ()) -> subprocess.CompletedProcess:
+def submit(address: str, env: dict, *args: str, job: list[str] = (),
+           runtime_env: Path = REPO / "cluster" / "runtime_env.yaml") -> subprocess.CompletedProcess:
     return subprocess.run(
         [RAY, "job", "submit", "--address", address, "--working-dir", str(REPO), *job,
-         "--runtime-env", str(REPO / "cluster" / "runtime_env.yaml"), "--", "python", "-m", "cluster.launch", *args],
+         "--runtime-env", str(runtime_env), "--", "python", "-m", "cluster.launch", *args],
         env=env, timeout=900, capture_output=True, text=True, cwd=REPO)
+
+
+def runtime_env_with(tmp_path: Path, **env_vars: str) -> Path:
+    """The shipped runtime env with these variables added, as docs/operations.md tells a user to pass an HF cache."""
+    shipped = yaml.safe_load((REPO / "cluster" / "runtime_env.yaml").read_text())
+    shipped["env_vars"] = {**shipped.get("env_vars", {}), **env_vars}
+    path = tmp_path / "runtime_env.yaml"
+    path.write_text(yaml.safe_dump(shipped))
+    return path
 
 
 def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, tmp_path):
@@ -121,11 +137,18 @@ def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, t
     assert "inside a Ray job it would land in Ray's temporary copy" in output, output[-3000:]
 
     run_dir = tmp_path / "run"
+    # the model and the reward's classifier by repo id, from a hub cache the job is pointed at, offline
+    cache = tmp_path / "hf-cache"
+    model = cache_repo(cache, "solrl-test/embedded-digits",
+                       {**folder_files(EMBEDDED_MODEL), "embedded.safetensors": b"a single-file checkpoint"})
+    cache_repo(cache, "solrl-test/digit-classifier", folder_files(CLASSIFIER_DIR))
+    by_id = ["model.path=solrl-test/embedded-digits", "reward.options.digit_alignment.path=solrl-test/digit-classifier"]
     # as the README says: the submission id names the run, the metadata holds its directory
     job_id = f"solrl-{run_dir.name}-{secrets.token_hex(3)}"
     result = submit(address, env, "--config", "configs/embedded.yaml", "--run-dir", str(run_dir),
-                    *[arg for item in SETS for arg in ("--set", item)],
-                    job=["--submission-id", job_id, "--metadata-json", json.dumps({"run_dir": str(run_dir)})])
+                    *[arg for item in [*SETS, *by_id] for arg in ("--set", item)],
+                    job=["--submission-id", job_id, "--metadata-json", json.dumps({"run_dir": str(run_dir)})],
+                    runtime_env=runtime_env_with(tmp_path, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1"))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "succeeded" in output.lower(), output[-4000:]
@@ -139,6 +162,10 @@ def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, t
     assert summary["ray_job"] == job_id
     launch = json.loads((run_dir / "launches.jsonl").read_text())
     assert launch["ray_job"] == job_id and launch["ray_namespace"].startswith(f"solrl-{run_dir.name}-")
+    assert [(s["field"], s["repo"], s["commit"]) for s in launch["hub_sources"]] == [
+        ("reward.options.digit_alignment.path", "solrl-test/digit-classifier", ANY),
+        ("model.path", "solrl-test/embedded-digits", model.name)]
+    assert "solrl-test/embedded-digits" in (run_dir / "config.yaml").read_text()  # the id, not the snapshot
     assert "Ray dashboard: http://127.0.0.1:" in output and "Grafana dashboard 'Sol-RL job'" in output
     listed = subprocess.run([RAY, "job", "list", "--address", address], env=env, timeout=120, capture_output=True,
                             text=True)

@@ -85,7 +85,7 @@ def test_bad_prompt_files_are_named_with_their_field(tmp_path, field, content, m
 def test_a_good_prompt_file_passes_and_loses_its_byte_order_mark(tmp_path):
     path = tmp_path / "prompts.txt"
     path.write_bytes("\ufeffa digit one\n\n  a digit two  \n".encode())
-    assert check_inputs(config_with(f"prompts.source={path}", f"prompts.eval_source={path}")) == []
+    assert check_inputs(config_with(f"prompts.source={path}", f"prompts.eval_source={path}")).notes == []
     assert load_prompts(str(path)) == ["a digit one", "a digit two"]
 
 
@@ -200,7 +200,7 @@ def test_too_little_room_in_dev_shm_is_a_warning_naming_it_and_the_sizes(embedde
 
 def test_an_intact_model_folder_passes(model):
     check_model_folder(model)
-    assert check_inputs(config_with(f"model.path={model}")) == []
+    assert check_inputs(config_with(f"model.path={model}")).notes == []
 
 
 def _truncate(model: Path, size: int) -> None:
@@ -337,7 +337,7 @@ def test_reward_classifier_folder_is_checked(tmp_path):
           rf"{field}: \S+/nope does not exist; name the folder holding config\.json and model\.safetensors \(null: "
           r"the committed classifier\), or build one with `python -m rewards\.train_digit_classifier --out \S+/nope`")
     folder = Path(shutil.copytree(CLASSIFIER_DIR, tmp_path / "classifier"))
-    assert check_inputs(config_with(f"reward.options.digit_alignment.path={folder}")) == []
+    assert check_inputs(config_with(f"reward.options.digit_alignment.path={folder}")).notes == []
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     fails(config_with(f"reward.options.digit_alignment.path={folder}"),
@@ -354,7 +354,7 @@ def test_reward_classifier_folder_is_checked(tmp_path):
 
 def test_an_unused_classifier_path_is_a_note_not_an_error(tmp_path):
     notes = check_inputs(config_with("reward.weights={jpeg_compressibility: 1.0}",
-                                     f"reward.options.digit_alignment.path={tmp_path / 'nope'}"))
+                                     f"reward.options.digit_alignment.path={tmp_path / 'nope'}")).notes
     assert notes == ["reward.options.digit_alignment is ignored: digit_alignment is not in reward.weights"]
 
 
@@ -366,7 +366,7 @@ def test_a_reward_models_missing_weight_file_is_named_with_its_source_before_any
     quoted = tmp_path / "signs.txt"  # prompts the ocr reward can score: the target text in quotes
     quoted.write_text('a sign that says "one"\n', encoding="utf-8")
     ocr_on_signs = ["reward.weights={ocr: 1.0}", f"prompts.source={quoted}", f"prompts.eval_source={quoted}"]
-    assert check_inputs(config_with(*ocr_on_signs)) == []  # the wheel's own models are there
+    assert check_inputs(config_with(*ocr_on_signs)).notes == []  # the wheel's own models are there
 
 
 # ---- cross-field rules and odd keep ----------------------------------------------------------------
@@ -418,12 +418,12 @@ def test_check_inputs_validates_an_unvalidated_config_again_field_constraints_an
 
 
 def test_an_odd_keep_is_accepted_with_a_note():
-    assert check_inputs(config_with("prompts.keep=5")) == [
+    assert check_inputs(config_with("prompts.keep=5")).notes == [
         "prompts.keep=5 is odd: best_worst keeps the 2 best and 3 worst seeds per prompt (as the official code)"
     ]
-    assert check_inputs(config_with("prompts.keep=5", "learner.selection=random")) == []
-    assert check_inputs(config_with("prompts.keep=4")) == []
-    assert check_inputs(config_with("prompts.keep=5", "prompts.candidates=5")) == []
+    assert check_inputs(config_with("prompts.keep=5", "learner.selection=random")).notes == []
+    assert check_inputs(config_with("prompts.keep=4")).notes == []
+    assert check_inputs(config_with("prompts.keep=5", "prompts.candidates=5")).notes == []
 
 
 # ---- the real command line -------------------------------------------------------------------------

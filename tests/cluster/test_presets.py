@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from hub_cache import cache_repo, folder_files
 
 from bench.plan import PAPER_SHAPE, best_split, paper_costs
 from cluster.config.loading import ConfigError, load_config
@@ -45,15 +46,18 @@ def test_preset_carries_the_official_hyperparameters(name):
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
-def test_the_model_and_reward_folders_are_the_only_lines_to_change(name, tiny_folder, tmp_path):
+def test_a_preset_runs_by_its_hub_ids_from_the_cache(name, tiny_folder, hub_cache):
+    """Offline, each repo the preset names is asked for in turn, with its download command; once the cache
+    holds them (the family's tiny pipeline under the preset's model id), the preflight passes as it is."""
     config = load_config(f"configs/{name}.yaml")
     assert config.reward.weights == {"hpsv2": 1.0}  # the paper's ablation reward
-    reward_file = re.escape(f"{config.reward.options['hpsv2']['path']}/HPS_v2.1_compressed.pt")
-    with pytest.raises(ConfigError, match=rf"^reward\.options\.hpsv2: missing {reward_file} \(from "):
+    assert config.reward.options["hpsv2"]["path"] == "xswu/HPSv2"
+    with pytest.raises(ConfigError, match=r"^reward\.options\.hpsv2\.path: xswu/HPSv2 is not in the Hugging Face "
+                                          r"cache .*`hf download xswu/HPSv2 --include HPS_v2\.1_compressed\.pt`"):
         check_inputs(config)
-    (tmp_path / "HPS_v2.1_compressed.pt").write_bytes(b"")  # preflight checks presence; loading checks content
-    reward = f"reward.options.hpsv2.path={tmp_path}"
-    with pytest.raises(ConfigError, match=rf"^model\.path: {re.escape(config.model.path)} does not exist"):
-        check_inputs(load_config(f"configs/{name}.yaml", [reward]))
-    family = PRESETS[name][0]
-    assert check_inputs(load_config(f"configs/{name}.yaml", [f"model.path={tiny_folder(family)}", reward])) == []
+    cache_repo(hub_cache, "xswu/HPSv2", {"HPS_v2.1_compressed.pt": b""})  # the preflight checks presence only
+    with pytest.raises(ConfigError, match=rf"^model\.path: {re.escape(config.model.path)} is not in the Hugging "
+                                          r"Face cache .*`hf download "):
+        check_inputs(config)
+    cache_repo(hub_cache, config.model.path, folder_files(tiny_folder(PRESETS[name][0])))
+    assert check_inputs(config).notes == []
