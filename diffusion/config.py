@@ -75,8 +75,10 @@ class ExploreConfig(BaseModel):
 class PromptConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    source: str = Field("embedded", description="'embedded' (the digit prompts) or a text file, one per line")
-    eval_source: str = Field("embedded", description="held-out prompts: 'embedded' or a text file")
+    source: str = Field("embedded", description="'embedded' (the digit prompts); a text file (one prompt a line), "
+                        "a .jsonl file (GenEval metadata), a .csv file (DrawBench); a flow_grpo dataset folder "
+                        "(its train split); or hf://datasets/org/name[@revision]/file")
+    eval_source: str = Field("embedded", description="held-out prompts: as `source` (a folder: its test split)")
     per_iteration: int = Field(8, ge=1, description="prompt slots per iteration")
     candidates: int = Field(96, ge=2, description="N: seeds explored per prompt")
     keep: int = Field(24, ge=2, description="K: seeds regenerated and trained on per prompt")

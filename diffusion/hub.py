@@ -28,17 +28,19 @@ _TRUE = {"1", "on", "yes", "true"}
 
 @dataclass(frozen=True)
 class HubRef:
-    """A model repo on the hub, at a revision (None: the default branch)."""
+    """A repo on the hub (a model's, or a dataset's), at a revision (None: the default branch)."""
 
     repo: str
     revision: str | None = None
+    kind: str = "model"  # huggingface_hub's repo_type: "model" or "dataset"
 
     def __str__(self) -> str:
-        return self.repo if self.revision is None else f"{self.repo}@{self.revision}"
+        name = self.repo if self.revision is None else f"{self.repo}@{self.revision}"
+        return name if self.kind == "model" else f"hf://datasets/{name}"
 
     @property
     def url(self) -> str:
-        return f"https://huggingface.co/{self.repo}"
+        return f"https://huggingface.co/{'' if self.kind == 'model' else 'datasets/'}{self.repo}"
 
 
 def hub_ref(value: str) -> HubRef | None:
@@ -52,6 +54,19 @@ def hub_ref(value: str) -> HubRef | None:
     return HubRef(match["repo"], match["revision"])
 
 
+_DATASET_FILE = re.compile(r"^hf://datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w.-]+))?/"
+                           r"(?P<path>[^@]+)$")
+
+
+def dataset_file(value: str) -> tuple[HubRef, str] | None:
+    """(the dataset repo, the file's path in it) of `hf://datasets/org/name[@revision]/path/to/file`, the hf
+    CLI's own address form; None for anything else."""
+    match = _DATASET_FILE.match(value)
+    if match is None or ".." in value:
+        return None
+    return HubRef(match["repo"], match["revision"], kind="dataset"), match["path"]
+
+
 def offline() -> bool:
     """HF_HUB_OFFLINE as huggingface_hub reads it, at call time (the library reads it once, at import)."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
@@ -60,6 +75,8 @@ def offline() -> bool:
 def download_command(ref: HubRef, include: Sequence[str], exclude: Sequence[str] = ()) -> str:
     """The `hf download` command that fetches these patterns of `ref` into the cache."""
     words = ["hf", "download", ref.repo]
+    if ref.kind != "model":
+        words += ["--repo-type", ref.kind]
     if ref.revision is not None:
         words += ["--revision", ref.revision]
     for flag, patterns in (("--include", include), ("--exclude", exclude)):
@@ -96,7 +113,7 @@ def snapshot(ref: HubRef, include: Sequence[str], exclude: Sequence[str] = (), *
 
     fetch = fetch or download_command(ref, include, exclude)
     try:
-        return Path(snapshot_download(ref.repo, revision=ref.revision, allow_patterns=list(include),
+        return Path(snapshot_download(ref.repo, repo_type=ref.kind, revision=ref.revision, allow_patterns=list(include),
                                       ignore_patterns=list(exclude) or None, cache_dir=cache_dir,
                                       local_files_only=offline()))
     except GatedRepoError:

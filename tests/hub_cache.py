@@ -3,6 +3,7 @@
     <cache>/models--org--name/blobs/<sha256>                       the files' contents
     <cache>/models--org--name/snapshots/<commit>/<path> → ../../blobs/<sha256>   (relative symlinks)
     <cache>/models--org--name/refs/main                            the commit the branch points at
+(a dataset repo: datasets--org--name)
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import os
 from pathlib import Path
 
 
-def cache_repo(cache: Path, repo: str, files: dict[str, bytes | Path], *, ref: str = "main") -> Path:
-    """Put `files` (repo path → bytes, or a file to copy) into `cache` as commit `ref` of `repo`; the snapshot
-    folder. The commit id is a hash of the contents, so the same files give the same commit."""
-    root = cache / f"models--{repo.replace('/', '--')}"
+def cache_repo(cache: Path, repo: str, files: dict[str, bytes | Path], *, ref: str = "main",
+               kind: str = "model") -> Path:
+    """Put `files` (repo path → bytes, or a file to copy) into `cache` as commit `ref` of `repo` (a "model" or a
+    "dataset" repo); the snapshot folder. The commit id is a hash of the contents: same files, same commit."""
+    root = cache / f"{kind}s--{repo.replace('/', '--')}"
     contents = {name: data.read_bytes() if isinstance(data, Path) else data for name, data in sorted(files.items())}
     commit = hashlib.sha1(b"".join(name.encode() + hashlib.sha256(data).digest()
                                    for name, data in contents.items())).hexdigest()

@@ -1,4 +1,5 @@
-"""A config's Hugging Face repo ids, resolved to local folders: `model.path` and every reward's folder options.
+"""A config's Hugging Face repo ids, resolved to local paths: `model.path`, every reward's folder options, and
+prompt files on the hub (`prompts.source: hf://datasets/org/name/file`).
 
 Resolved once per launch, in the preflight (`cluster.config.preflight.check_inputs`), before Ray starts: the
 actors get the resolved config (snapshot folders), config.yaml keeps the ids as given (a resume resolves them
@@ -18,7 +19,15 @@ from typing import Any
 
 from cluster.config.loading import ConfigError, one_line
 from cluster.config.schema import SolRLConfig
-from diffusion.hub import HubRef, HubUnavailable, download_command, hub_ref, pipeline_snapshot, snapshot
+from diffusion.hub import (
+    HubRef,
+    HubUnavailable,
+    dataset_file,
+    download_command,
+    hub_ref,
+    pipeline_snapshot,
+    snapshot,
+)
 from rewards.base import reward_class
 
 # Where a reward's file list is computed before its folder is known; never read (it does not exist).
@@ -29,14 +38,42 @@ _STAND_IN = Path("/solrl-hub-folder-stand-in")
 class Source:
     """One config field that named a hub repo, and what it resolved to."""
 
-    field: str  # "model.path", "reward.options.pickscore.processor_path"
+    field: str  # "model.path", "reward.options.pickscore.processor_path", "prompts.source"
     ref: HubRef
     folder: Path  # the snapshot: <cache>/models--org--name/snapshots/<commit>
     fetch: str  # the `hf download` command for exactly the files it needs
+    file: str | None = None  # a file inside the snapshot (prompt files), or None: the field is the folder
+
+    @property
+    def path(self) -> Path:
+        """What the field is set to: the snapshot folder, or the file in it."""
+        return self.folder if self.file is None else self.folder / self.file
 
     def record(self) -> dict[str, str]:
-        return {"field": self.field, "repo": self.ref.repo, "revision": self.ref.revision or "main",
-                "commit": self.folder.name, "folder": str(self.folder)}
+        return {"field": self.field, "repo": self.ref.repo, "type": self.ref.kind,
+                "revision": self.ref.revision or "main", "commit": self.folder.name, "path": str(self.path)}
+
+
+def prompt_sources(config: SolRLConfig) -> list[Source]:
+    """prompts.source / prompts.eval_source as hub files (`hf://datasets/org/name[@revision]/path`): fetched, or
+    found in the cache offline."""
+    sources = []
+    prompts = config.prompts
+    for field, value in (("prompts.source", prompts.source), ("prompts.eval_source", prompts.eval_source)):
+        found = dataset_file(value)
+        if found is None:
+            continue
+        ref, file = found
+        fetch = download_command(ref, [file])
+        try:
+            folder = snapshot(ref, [file], fetch=fetch)
+        except HubUnavailable as exc:
+            raise ConfigError(one_line(f"{field}: {exc}")) from None
+        if not (folder / file).is_file():
+            raise ConfigError(f"{field}: {ref} has no {file} in the Hugging Face cache ({folder}); fetch it with "
+                              f"`{fetch}`")
+        sources.append(Source(field, ref, folder, fetch, file))
+    return sources
 
 
 def _folder_options(options: dict[str, Any]) -> dict[str, HubRef]:
@@ -98,7 +135,7 @@ def with_sources(config: SolRLConfig, sources: list[Source]) -> SolRLConfig:
         node = data
         for key in parents:
             node = node[key]
-        node[last] = str(source.folder)
+        node[last] = str(source.path)
     return SolRLConfig.model_validate(data)
 
 

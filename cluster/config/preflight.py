@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.config.hub_sources import Source, fetch_hint, model_source, reward_sources, with_sources
+from cluster.config.hub_sources import Source, fetch_hint, model_source, prompt_sources, reward_sources, with_sources
 from cluster.config.loading import ConfigError, one_line, revalidate
 from cluster.config.schema import SolRLConfig
 from diffusion.loading import check_model_folder, check_safetensors
@@ -151,13 +151,16 @@ def check_inputs(config: SolRLConfig) -> Checked:
     """Raise ConfigError (one line: file/field, what is wrong, the fix) on the first bad input; return the
     config with its hub ids resolved, their sources, and notes for the log."""
     revalidate(config)  # stage 1: the fields and rules (a loaded config passes; one from model_copy may not)
-    sets = _load_prompt_sets(config)  # stage 2: the files and packages it names
+    prompts = prompt_sources(config)  # stage 2: the files and packages it names, hub files fetched first
+    config = with_sources(config, prompts)
+    sets = _load_prompt_sets(config)
     missing = missing_extras(config.logging)  # W&B / TensorBoard asked for but not installed
     if missing:
         raise ConfigError(missing[0])
     notes: list[str] = []
     sources = reward_sources(config)
     config = with_sources(config, sources)
+    sources = prompts + sources
     _check_reward(config, notes, sources)
     _check_scorable(config, sets)
     config, model = check_model(config)  # last: the only check that may import diffusers and transformers

@@ -17,6 +17,7 @@ from cluster.check import run_checks
 from cluster.config.loading import ConfigError, load_config
 from cluster.config.preflight import check_inputs
 from diffusion.config import EMBEDDED_MODEL
+from diffusion.prompts import load_prompt_set
 from rewards.digit_classifier import DEFAULT_DIR as CLASSIFIER_DIR
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,10 +52,10 @@ def test_the_model_and_a_reward_folder_resolve_by_repo_id_to_their_snapshots(cac
     assert checked.config.reward.options["digit_alignment"]["path"] == str(cached["classifier"].resolve())
     assert given.model.path == "solrl-test/embedded-digits"  # the given config is untouched: config.yaml keeps ids
     assert [source.record() for source in checked.sources] == [
-        {"field": "reward.options.digit_alignment.path", "repo": "solrl-test/digit-classifier", "revision": "main",
-         "commit": cached["classifier"].name, "folder": str(cached["classifier"].resolve())},
-        {"field": "model.path", "repo": "solrl-test/embedded-digits", "revision": "main",
-         "commit": cached["model"].name, "folder": str(cached["model"].resolve())}]
+        {"field": "reward.options.digit_alignment.path", "repo": "solrl-test/digit-classifier", "type": "model",
+         "revision": "main", "commit": cached["classifier"].name, "path": str(cached["classifier"].resolve())},
+        {"field": "model.path", "repo": "solrl-test/embedded-digits", "type": "model", "revision": "main",
+         "commit": cached["model"].name, "path": str(cached["model"].resolve())}]
     assert checked.sources[0].fetch == ("hf download solrl-test/digit-classifier --include config.json "
                                         "--include model.safetensors")
     # everything else of the config is as given
@@ -134,5 +135,26 @@ def test_the_run_records_the_ids_it_was_given_and_the_commits_they_resolved_to(c
     launch.record_launch(tmp_path, given, args, 0, None, checked.sources)
     assert load_config(tmp_path / "config.yaml").model.path == "solrl-test/embedded-digits"
     line = json.loads((tmp_path / "launches.jsonl").read_text())
-    assert line["hub_sources"] == [{"field": "model.path", "repo": "solrl-test/embedded-digits", "revision": "main",
-                                    "commit": cached["model"].name, "folder": str(cached["model"].resolve())}]
+    assert line["hub_sources"] == [{"field": "model.path", "repo": "solrl-test/embedded-digits", "type": "model",
+                                    "revision": "main", "commit": cached["model"].name,
+                                    "path": str(cached["model"].resolve())}]
+
+
+def test_a_prompt_file_on_the_hub_resolves_from_the_cache_with_its_metadata(hub_cache):
+    lines = [{"tag": "single_object", "include": [{"class": "bench", "count": 1}], "prompt": "a photo of a bench"},
+             {"tag": "counting", "include": [{"class": "cat", "count": 2}], "prompt": "a photo of two cats"}]
+    jsonl = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    snapshot = cache_repo(hub_cache, "solrl-test/prompts", {"geneval/test_metadata.jsonl": jsonl}, kind="dataset")
+    address = "hf://datasets/solrl-test/prompts/geneval/test_metadata.jsonl"
+    checked = check_inputs(config_with(f"prompts.source={address}", f"prompts.eval_source={address}",
+                                       "reward.weights={jpeg_compressibility: 1.0}"))
+    assert checked.config.prompts.source == str(snapshot.resolve() / "geneval" / "test_metadata.jsonl")
+    assert [(s.field, s.ref.kind, s.file) for s in checked.sources[:2]] == [
+        ("prompts.source", "dataset", "geneval/test_metadata.jsonl"),
+        ("prompts.eval_source", "dataset", "geneval/test_metadata.jsonl")]
+    loaded = load_prompt_set(checked.config.prompts.source)
+    assert loaded.metadata_of("a photo of two cats") == [{"tag": "counting", "include": [{"class": "cat", "count": 2}]}]
+    missing = error_of(config_with("prompts.source=hf://datasets/solrl-test/prompts@v2/geneval/train_metadata.jsonl"))
+    assert missing.startswith("prompts.source: hf://datasets/solrl-test/prompts@v2 is not in the Hugging Face cache")
+    assert ("`hf download solrl-test/prompts --repo-type dataset --revision v2 --include "
+            "geneval/train_metadata.jsonl`") in missing

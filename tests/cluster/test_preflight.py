@@ -64,8 +64,10 @@ def edit_json(file: Path, **changes) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (None, r"prompt file \S+ does not exist \(use 'embedded', a text file or a \.jsonl file\)"),
-        ("DIR", r"prompt file \S+ is a directory; name a text file \(one prompt a line\) or JSONL"),
+        (None, r"prompt file \S+ does not exist \(use 'embedded', a text, \.jsonl or \.csv file, a flow_grpo-layout "
+               r"folder, or hf://datasets/org/name/file\)"),
+        ("DIR", r"prompt folder \S+ has no (train_metadata\.jsonl or train\.txt|test_metadata\.jsonl or test\.txt) "
+                r"\(flow_grpo's layout: the (training|held-out) split\); name a file instead"),
         (b"", r"prompt file \S+ holds no prompts \(it is empty or only whitespace\); write one per line"),
         (b"  \n\t\n \n", r"prompt file \S+ holds no prompts \(it is empty or only whitespace\); write one per line"),
         (b"a digit one\n\xff\xfe two\n",
