@@ -13,7 +13,9 @@ Checks, each a row of the printed table (exit 1 when any fails, 2 on a config er
   other CUDA GPUs, the project's on CPU);
 - plan: the engine's layer plan on the real architecture (built on the meta device from the folder's
   transformer config): how many Linears / 1×1 convs and parameters run in low precision;
-- memory: an estimate per actor (formulas in `estimate_memory`);
+- memory: an estimate per actor (formulas in `estimate_memory`) against its share of the GPU it will get: this
+  node's CUDA device, else one GPU of the Ray cluster (read by a one-GPU task), else "not compared"; a failure
+  names the options that make it fit;
 - shm: the learner's weight-sync region (two slots of the snapshot, `snapshot_estimate`) against the free
   space of /dev/shm — a warning when short, as the service then uses Ray's object store.
 
@@ -28,7 +30,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -209,17 +211,55 @@ MEMORY_FIXES = {
 }
 
 
-def gpu_memory_gib() -> float | None:
-    """The memory of this machine's first CUDA device (None without one: the row then says it did not compare)."""
+@dataclass(frozen=True)
+class GpuMemory:
+    gib: float | None  # None: not known, so not compared
+    source: str  # where the figure comes from, or why there is none
+
+
+def gpu_memory(config: SolRLConfig, probe_timeout_s: float = 60.0) -> GpuMemory:
+    """The memory of the GPU an actor will get: this machine's first CUDA device when it has one; else, on a
+    Ray cluster (`cluster.address` / RAY_ADDRESS) with GPUs, one GPU's as a one-GPU task on it reads it (waiting
+    at most `probe_timeout_s` for a free GPU); else unknown."""
+    if torch.cuda.is_available():
+        return GpuMemory(torch.cuda.get_device_properties(0).total_memory / GiB,
+                         f"this node's {torch.cuda.get_device_name(0)}")
+    address = config.cluster.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        return GpuMemory(None, "no GPU here, and no Ray cluster named (cluster.address or RAY_ADDRESS)")
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        if ray.cluster_resources().get("GPU", 0) < 1:
+            return GpuMemory(None, f"the cluster at {address} has no GPU")
+        probe = ray.remote(num_gpus=1, num_cpus=0)(_device_memory).remote()
+        ready, _ = ray.wait([probe], timeout=probe_timeout_s)
+        if not ready:
+            ray.cancel(probe, force=True)
+            return GpuMemory(None, f"no GPU of the cluster at {address} was free within {probe_timeout_s:.0f} s")
+        gib, name = ray.get(probe)
+    finally:
+        ray.shutdown()
+    if gib is None:
+        return GpuMemory(None, f"the cluster at {address} has logical GPUs without a CUDA device behind them")
+    return GpuMemory(gib, f"a GPU of the cluster at {address}: {name}")
+
+
+def _device_memory() -> tuple[float | None, str]:
+    """On a GPU worker: (GiB, name) of the GPU Ray gave it; (None, '') where no CUDA device is visible."""
+    import torch
+
     if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_properties(0).total_memory / 2**30
+        return None, ""
+    return torch.cuda.get_device_properties(0).total_memory / 2**30, torch.cuda.get_device_name(0)
 
 
 def memory_row(config: SolRLConfig, model: nn.Module, family, params: dict[str, int],
-               gpu_gib: float | None = None) -> Row:
+               gpu_gib: float | None = None, source: str = "no GPU here") -> Row:
     """Each actor's estimate against its share of a GPU of `gpu_gib` GiB (`num_gpus` of one device; an actor
-    without a GPU is not compared); fails naming the options that lower what does not fit."""
+    without a GPU is not compared; `source`: where the figure came from, or why there is none); fails naming the
+    options that lower what does not fit."""
     m = estimate_memory(config, model, family, params)
     at_once = min(config.prompts.candidates, config.explore.batch_size or config.prompts.candidates)
     where = "each scorer" if config.cluster.scorers.count else "each explorer and the learner"
@@ -228,7 +268,7 @@ def memory_row(config: SolRLConfig, model: nn.Module, family, params: dict[str, 
               f"per explorer ({at_once} candidates at once); estimates, plus the reward models' "
               f"{reward_weights_gib(config):.2f} GiB of weights on {where}")
     if gpu_gib is None:
-        return Row("memory", True, f"{detail}; not compared with a GPU's memory (no GPU here)")
+        return Row("memory", True, f"{detail}; not compared with a GPU's memory ({source})")
     shares = {"learner": config.cluster.learner.num_gpus, "explorer": config.cluster.explorers.num_gpus}
     room = {actor: gpu_gib * min(share, 1) for actor, share in shares.items() if share}  # CPU actors: not compared
     if not room:
@@ -237,7 +277,7 @@ def memory_row(config: SolRLConfig, model: nn.Module, family, params: dict[str, 
              f"{MEMORY_FIXES[actor]}" for actor in room if m[actor] > room[actor]]
     if short:
         return Row("memory", False, f"{detail}; " + "; ".join(short))
-    return Row("memory", True, f"{detail}; fits a {gpu_gib:.0f} GiB GPU")
+    return Row("memory", True, f"{detail}; fits a {gpu_gib:.0f} GiB GPU ({source})")
 
 
 def snapshot_estimate(config: SolRLConfig, model: nn.Module, family) -> tuple[str, int]:
@@ -322,8 +362,8 @@ def run_checks(config: SolRLConfig, *, inputs_checked: bool = False) -> list[Row
     model = meta_transformer(folder)
     family = family_for_transformer(type(model).__name__)
     params = stored_parameters(folder)
-    return [*rows, plan_row(config, model, family), memory_row(config, model, family, params, gpu_memory_gib()),
-            shm_row(config, model, family)]
+    memory = memory_row(config, model, family, params, *astuple(gpu_memory(config)))
+    return [*rows, plan_row(config, model, family), memory, shm_row(config, model, family)]
 
 
 def _inputs_row(config: SolRLConfig, inputs_checked: bool) -> tuple[Row, SolRLConfig]:

@@ -113,8 +113,8 @@ def test_the_memory_row_compares_each_actor_with_its_gpu_share():
     model = meta_transformer(config.model.folder())
     family, params = family_for_transformer(type(model).__name__), stored_parameters(config.model.folder())
     m = estimate_memory(config, model, family, params)
-    roomy = memory_row(config, model, family, params, gpu_gib=80.0)
-    assert roomy.ok and roomy.detail.endswith("fits a 80 GiB GPU")
+    roomy = memory_row(config, model, family, params, gpu_gib=80.0, source="an 80 GiB GPU named by the test")
+    assert roomy.ok and roomy.detail.endswith("fits a 80 GiB GPU (an 80 GiB GPU named by the test)")
     # a GPU between the two estimates: the explorer's half share is too small, the learner's whole one is not
     tight = memory_row(config, model, family, params, gpu_gib=1.5 * m["explorer"])
     assert (m["learner"] <= 1.5 * m["explorer"]) == ("each learner needs" not in tight.detail)

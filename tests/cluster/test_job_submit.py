@@ -75,7 +75,8 @@ def ray_head():
     flags = [x for flag, port in zip(PORT_FLAGS, ports, strict=True) for x in (flag, str(port))]
     log = open(Path(temp) / "head.log", "w")  # noqa: SIM115 (closed in the finally below)
     head = subprocess.Popen([RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-                             "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--disable-usage-stats",
+                             "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--num-gpus", "1",
+                             "--disable-usage-stats",
                              "--temp-dir", temp, *flags], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
@@ -116,20 +117,29 @@ def runtime_env_with(tmp_path: Path, **env_vars: str) -> Path:
     return path
 
 
-def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, tmp_path):
+def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, tmp_path, tiny_folder):
     address, env = ray_head
     without_token = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
     refused = subprocess.run([RAY, "job", "list", "--address", address], env={**without_token, "HOME": str(tmp_path)},
                              timeout=120, capture_output=True, text=True)
     assert refused.returncode != 0 and "Authentication required" in refused.stdout + refused.stderr
 
-    # the preflight measures the placement against this cluster (2 CPUs, no GPU): the 8-GPU preset does not fit
-    check = subprocess.run([sys.executable, "-m", "cluster.check", "--config", "configs/flux_dev.yaml"],
-                           env={**env, "RAY_ADDRESS": env["SOLRL_TEST_GCS"]}, timeout=300, capture_output=True,
-                           text=True, cwd=REPO)
+    # the preflight measures the placement against this cluster (2 CPUs, 1 logical GPU): the 8-GPU preset does not
+    # fit; its reward is not cached (inputs fail), and still every row is evaluated and printed
+    check = subprocess.run([sys.executable, "-m", "cluster.check", "--config", "configs/flux_dev.yaml", "--set",
+                            f"model.path={tiny_folder('flux')}", "--set", "explore.min_dim=0"],
+                           env={**env, "RAY_ADDRESS": env["SOLRL_TEST_GCS"], "HF_HUB_CACHE": str(tmp_path / "empty")},
+                           timeout=300, capture_output=True, text=True, cwd=REPO)
     assert check.returncode == 1, (check.stdout + check.stderr)[-3000:]
-    assert (f"FAIL  resources  bundles need 8 GPU, 64 CPU; the cluster at {env['SOLRL_TEST_GCS']} has 0 GPU, 2 CPU: "
+    rows = check.stdout.splitlines()
+    assert [row.split()[:2] for row in rows] == [["FAIL", "inputs"], ["FAIL", "resources"], ["ok", "backend"],
+                                                 ["ok", "plan"], ["ok", "memory"], ["ok", "shm"]], check.stdout
+    assert rows[0].startswith("FAIL  inputs     reward.options.hpsv2.path: xswu/HPSv2 is not in the Hugging Face cache")
+    assert (f"FAIL  resources  bundles need 8 GPU, 64 CPU; the cluster at {env['SOLRL_TEST_GCS']} has 1 GPU, 2 CPU: "
             "add nodes or lower cluster.*.num_gpus") in check.stdout
+    # the GPU's memory is read on the cluster by a one-GPU task: here a logical GPU, with no CUDA device behind it
+    assert rows[4].endswith(f"not compared with a GPU's memory (the cluster at {env['SOLRL_TEST_GCS']} has logical "
+                            "GPUs without a CUDA device behind them)"), rows[4]
 
     relative = submit(address, env, "--config", "configs/embedded.yaml", "--run-dir", "runs/lost")
     output = relative.stdout + relative.stderr
