@@ -40,6 +40,7 @@ from torch import nn
 from cluster.config.loading import ConfigError, add_config_arguments, load_config, one_line
 from cluster.config.preflight import check_inputs, check_model
 from cluster.config.schema import SolRLConfig
+from diffusion.loading import weight_files
 
 GiB = 2**30
 # Text tokens the transformer attends to, by family (CLIP 77 + T5 at the family's length for SD3).
@@ -79,7 +80,7 @@ def stored_parameters(folder: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     for component in sorted(p for p in folder.iterdir() if p.is_dir()):
         total = 0
-        for file in component.glob("*.safetensors"):
+        for file in weight_files(component):
             with file.open("rb") as handle:
                 header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
             total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")

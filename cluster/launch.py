@@ -49,11 +49,10 @@ from cluster.reports.summary import finish, print_summary
 from cluster.runtime import run_lock
 from cluster.runtime.local_ray import LocalRay, reap_orphans
 from cluster.runtime.run_lock import RunLocked
-from learner.checkpoint import checkpoint_iteration
+from learner.checkpoint import CHECKPOINT_DIR, checkpoint_iteration
 
 # Ray sets this in the entrypoint of `ray job submit`, whose current directory is a temporary copy.
 IN_RAY_JOB = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-CHECKPOINT = "checkpoint"
 MIN_FREE_BYTES = 64 * 2**20  # below this a run cannot write its first checkpoint; checked before Ray starts
 
 
@@ -122,7 +121,7 @@ def _resume_plan(args: argparse.Namespace) -> Plan:
                           f"run there with --run-dir {given}")
     config = load_config(saved, args.set)
     check_run_directory(run_dir)
-    folder = run_dir / CHECKPOINT
+    folder = run_dir / CHECKPOINT_DIR
     if args.checkpoint == "previous":
         folder = previous_checkpoint(folder)
         if not _has_checkpoint(folder):
@@ -284,7 +283,7 @@ def continue_command(run_dir: Path) -> str:
 
 
 def where_it_stopped(run_dir: Path, iteration: int | None, total: int) -> str:
-    done = checkpoint_iteration(run_dir / CHECKPOINT)
+    done = checkpoint_iteration(run_dir / CHECKPOINT_DIR)
     at = "before training began" if iteration is None else f"at iteration {iteration} of {total}"
     since = "from iteration 0 (no checkpoint yet)" if done is None else f"from the checkpoint of iteration {done}"
     return f"{at}; continue {since} with: {continue_command(run_dir)}"

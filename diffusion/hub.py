@@ -24,6 +24,7 @@ from pathlib import Path
 # huggingface_hub's own rule for repo ids (`validate_repo_id`): one slash, these characters.
 _REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 _TRUE = {"1", "on", "yes", "true"}
+MODEL_CARD = "README.md"
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,9 @@ def snapshot(ref: HubRef, include: Sequence[str], exclude: Sequence[str] = (), *
 
 def pipeline_snapshot(ref: HubRef, *, cache_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
     """(snapshot folder, its download command) of a diffusers pipeline repo, with only what `load_policy`
-    reads (`diffusion.loading.pipeline_patterns`): model_index.json first, which names the components, then
-    those components' files at the same commit. What the folder holds is for `check_model_folder` to judge."""
+    reads (`diffusion.loading.pipeline_patterns`) and the repo's model card: model_index.json first, which names
+    the components, then those components' files at the same commit. What the folder holds is for
+    `check_model_folder` to judge."""
     from diffusion.loading import COMMON_COMPONENTS, listed_components, pipeline_patterns
 
     folder = snapshot(ref, ["model_index.json"], cache_dir=cache_dir,
@@ -153,5 +155,6 @@ def pipeline_snapshot(ref: HubRef, *, cache_dir: str | os.PathLike | None = None
     except ValueError as exc:
         raise ValueError(f"{index_file} is not JSON ({exc}); download it again") from None
     include, exclude = pipeline_patterns(listed_components(index) if isinstance(index, dict) else [])
+    include.append(MODEL_CARD)  # not loaded, but an export's model card inherits the base's licence from it
     fetch = download_command(ref, include, exclude)
     return snapshot(HubRef(ref.repo, folder.name), include, exclude, cache_dir=cache_dir, fetch=fetch), fetch

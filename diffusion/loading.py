@@ -9,6 +9,7 @@ tiny model and SD3.5-Large go through this same function.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import json
 import math
@@ -50,6 +51,24 @@ def pipeline_patterns(components: Iterable[str]) -> tuple[list[str], list[str]]:
     return include, exclude
 
 
+def weight_files(component: Path) -> list[Path]:
+    """The safetensors files of a component folder that its `from_pretrained` reads: variants left out."""
+    return [path for path in sorted(component.glob("*.safetensors"))
+            if not any(fnmatch.fnmatch(path.name, pattern) for pattern in _NOT_LOADED)]
+
+
+def pipeline_files(folder: str | os.PathLike) -> list[str]:
+    """The files of a model folder that `load_policy` reads (`pipeline_patterns` of its model_index.json), as
+    paths relative to it: what an export copies, whatever else the folder holds (a hub snapshot's
+    single-file checkpoints, a user's notes)."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    folder = Path(folder)
+    include, exclude = pipeline_patterns(listed_components(json.loads((folder / "model_index.json").read_text())))
+    present = sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
+    return list(filter_repo_objects(present, allow_patterns=include, ignore_patterns=exclude))
+
+
 def _resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -86,7 +105,7 @@ def _load_component(folder: Path, name: str, library: str, class_name: str, dtyp
         return tokenizer
     if name == "scheduler":
         return None  # the samplers build their σ grid from the config (see load_policy)
-    weights = list(path.glob("*.safetensors"))
+    weights = weight_files(path)
     if not weights:
         raise FileNotFoundError(
             f"{path} has no *.safetensors weights (only safetensors are loaded, never pickle files)"
@@ -286,7 +305,7 @@ def check_model_folder(path: str | os.PathLike) -> None:
         component = folder / name
         if name != "scheduler" and not name.startswith("tokenizer"):
             _read_json(component / "config.json", f"the config of component {name!r}")
-            weights = sorted(component.glob("*.safetensors"))
+            weights = weight_files(component)
             if not weights:
                 raise FileNotFoundError(f"{component} has no *.safetensors weights (only safetensors are loaded, never "
                                         "pickle files); convert them with save_pretrained(safe_serialization=True)")

@@ -15,7 +15,14 @@ import torch
 
 from diffusion.policy import FlowPolicy
 from diffusion.prompts import load_prompt_set
-from learner.checkpoint import check_finite, save_checkpoint, write_safetensors, written_into
+from learner.checkpoint import (
+    CHECKPOINT_DIR,
+    check_finite,
+    keep_checkpoint,
+    save_checkpoint,
+    write_safetensors,
+    written_into,
+)
 from learner.checkpoint_load import load_checkpoint
 from learner.config import TrainerConfig
 from learner.evaluation import evaluate, grid_samples, sample_grid
@@ -25,7 +32,6 @@ from learner.rollouts import evaluation_sampling
 from learner.training_state import TrainingState
 from rewards import Reward
 
-CHECKPOINT_DIR = "checkpoint"
 SAMPLING_FILE = "sampling_transformer.safetensors"  # θ_old, the policy the explorers held last
 
 
@@ -74,8 +80,11 @@ class Bookkeeping:
 
     def checkpoint(self, done: int, version: int, learners: int) -> None:
         """run_dir/checkpoint after `done` iterations; `learners`: L (a resume with another L is another run)."""
-        save_checkpoint(self.run_dir / CHECKPOINT_DIR, self.state, iteration=done,
-                        extra={"version": version, "learners": learners})
+        folder = save_checkpoint(self.run_dir / CHECKPOINT_DIR, self.state, iteration=done,
+                                 extra={"version": version, "learners": learners})
+        keep = self.config.run.keep_every
+        if keep and done % keep == 0:  # a multiple of checkpoint_every (a rule): this save is the one to keep
+            keep_checkpoint(folder, self.run_dir)
 
     def resume(self, checkpoint: str | Path | None = None) -> tuple[int, int]:
         """Restore run_dir/checkpoint (or the folder given) into the training state: bitwise the same

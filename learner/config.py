@@ -72,6 +72,9 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0, description="every seed of the run derives from it")
     iterations: int = Field(20, ge=0)
     checkpoint_every: int = Field(5, ge=0, description="iterations between checkpoints; 0: only at the end")
+    keep_every: int = Field(0, ge=0, description="keep every N-th checkpoint for good in kept/iteration-N (a "
+                            "multiple of checkpoint_every; verified like the rotating pair; `cluster.export "
+                            "--checkpoint N` exports one); 0: only the last two")
     root: str | None = Field(None, description="absolute folder (shared storage on a cluster) that relative "
                              "--run-dir values and default run names resolve against; None: the current "
                              "directory (refused inside a Ray job, whose current directory is temporary)")
@@ -256,6 +259,16 @@ class TrainerConfig(BaseModel):
 
 
 # ---- the rules across the trainer's sections, in the order they are checked ----------------------------
+@TRAINER_RULES.rule
+def _kept_checkpoints_are_written_ones(config: TrainerConfig) -> Problem | None:
+    run = config.run
+    if run.keep_every and (not run.checkpoint_every or run.keep_every % run.checkpoint_every):
+        return ("run.keep_every", "run.checkpoint_every"), (
+            f"run.keep_every ({run.keep_every}) must be a multiple of run.checkpoint_every ({run.checkpoint_every}): "
+            "a kept checkpoint is a copy of one the run writes; set run.keep_every to a multiple of it")
+    return None
+
+
 @TRAINER_RULES.rule
 def _keep_within_candidates(config: TrainerConfig) -> Problem | None:
     p = config.prompts

@@ -7,7 +7,8 @@
                          `save_lora_weights(..., transformer_lora_adapter_metadata=...)` writes it, so
                          `pipe.load_lora_weights(final/lora)` applies the same scale α/r (without the
                          metadata diffusers assumes α = r)
-    export_pipeline      the base folder's other components + a trained transformer: a folder
+    export_pipeline      the base folder's other components (only the files the pipeline loads) + a trained
+                         transformer + a model card (README.md) and the run's sample grid: a folder
                          `DiffusionPipeline.from_pretrained` loads (the embedded model's, which no diffusers
                          pipeline class fits, carries its own: `from_pretrained(DIR, trust_remote_code=True)`,
                          `diffusion.embedded.model`), with `solrl_export.json` saying what it was exported
@@ -30,6 +31,7 @@ from typing import Any, Literal
 
 import torch
 
+from diffusion.loading import pipeline_files
 from learner.evaluation import evaluated_weights, plain_transformer
 from learner.training_state import TrainingState
 
@@ -90,10 +92,11 @@ def replaceable(out: Path) -> bool:
 
 
 def export_pipeline(model_folder: Path, out: Path, write_transformer: Callable[[Path], object],
-                    record: Mapping[str, Any]) -> Path:
-    """A pipeline folder at `out`: every component of `model_folder` but the transformer, copied, the
-    transformer `write_transformer(folder)` writes, and `record` as EXPORT_RECORD (see the module docstring
-    for the embedded model, the temporary sibling and what `out` may be)."""
+                    record: Mapping[str, Any], documents: Mapping[str, str | Path] | None = None) -> Path:
+    """A pipeline folder at `out`: the files of `model_folder` the pipeline loads (`pipeline_files`: nothing
+    else of it) but the transformer's, copied, the transformer `write_transformer(folder)` writes, `record` as
+    EXPORT_RECORD, and `documents` (name → text, or a file to copy: the model card, the sample grid). See the
+    module docstring for the embedded model, the temporary sibling and what `out` may be."""
     # Imported here: diffusion.embedded.model imports diffusers' and transformers' model classes (seconds).
     from diffusion.embedded.model import has_embedded_layout, write_diffusers_pipeline
 
@@ -106,11 +109,20 @@ def export_pipeline(model_folder: Path, out: Path, write_transformer: Callable[[
     created = next(p for p in (tmp, *tmp.parents) if p.parent.exists())  # tmp, or its first missing parent
     try:
         tmp.mkdir(parents=True)
-        for item in sorted(Path(model_folder).iterdir()):
-            if item.name != TRANSFORMER_DIR:
-                target = tmp / item.name
-                shutil.copytree(item, target) if item.is_dir() else shutil.copy2(item, target)
+        for name in pipeline_files(model_folder):
+            if not name.startswith(f"{TRANSFORMER_DIR}/"):
+                target = tmp / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    shutil.copyfile(Path(model_folder) / name, target)  # a hub snapshot's link: its content
+                except OSError as exc:
+                    raise OSError(exc.errno, f"copying {name}: {exc.strerror}") from exc
         write_transformer(tmp / TRANSFORMER_DIR)
+        for name, document in (documents or {}).items():
+            if isinstance(document, Path):
+                shutil.copyfile(document, tmp / name)
+            else:
+                (tmp / name).write_text(document, encoding="utf-8")
         if has_embedded_layout(json.loads((tmp / "model_index.json").read_text())):
             write_diffusers_pipeline(tmp)
         (tmp / EXPORT_RECORD).write_text(json.dumps(dict(record), indent=2) + "\n")
