@@ -41,13 +41,7 @@ from cluster.reports.model_card import SAMPLES_FILE, RunFacts, model_card
 from diffusion.hub import hub_ref, offline
 from diffusion.loading import load_policy
 from diffusion.noise import lora_init_seed
-from learner.checkpoint import (
-    CHECKPOINT_DIR,
-    CorruptCheckpoint,
-    checkpoint_iteration,
-    kept_checkpoints,
-    previous_checkpoint,
-)
+from learner.checkpoint import CorruptCheckpoint, named_checkpoint
 from learner.checkpoint_load import load_checkpoint
 from learner.export import EXPORT_RECORD, export_pipeline, merged_weights, replaceable, save_transformer
 from learner.run_log import read_base_evaluation
@@ -86,26 +80,6 @@ def reason(exc: BaseException) -> str:
     return one_line(str(exc) or type(exc).__name__)
 
 
-def checkpoint_folder(run_dir: Path, checkpoint: str) -> Path:
-    """The checkpoint `--checkpoint` names: latest, previous (the rotating pair), or an iteration N (one of the
-    kept ones, `run.keep_every`, or either of the pair when it is at N)."""
-    latest = run_dir / CHECKPOINT_DIR
-    if checkpoint == "latest":
-        return latest
-    if checkpoint == "previous":
-        return previous_checkpoint(latest)
-    if not checkpoint.isdigit():
-        raise ConfigError(f"--checkpoint {checkpoint}: give latest, previous or an iteration number")
-    wanted = int(checkpoint)
-    found = {**{n: f for f in (previous_checkpoint(latest), latest) if (n := checkpoint_iteration(f)) is not None},
-             **kept_checkpoints(run_dir)}
-    if wanted not in found:
-        have = ", ".join(map(str, sorted(found))) or "none"
-        raise ConfigError(f"--checkpoint {wanted}: {run_dir} has no checkpoint of iteration {wanted} (it has: {have}); "
-                          "run.keep_every=N keeps every N-th one")
-    return found[wanted]
-
-
 def run_facts(run_dir: Path, given: SolRLConfig, config: SolRLConfig, source, iteration: int, policy: str,
               out: Path) -> RunFacts:
     """What the model card says, from the run directory: the base (its hub id and commit when it came from the
@@ -142,7 +116,10 @@ def export(run_dir: Path, out: Path, policy: str = "ema", checkpoint: str = "lat
     given = load_config(run_dir / "config.yaml")
     config, source = check_model(given)  # a hub id: its snapshot in the local cache
     check_out(out, run_dir, config.model.folder())
-    folder = checkpoint_folder(run_dir, checkpoint)
+    try:
+        folder = named_checkpoint(run_dir, checkpoint)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     # On the CPU, in the run's dtype (auto: float32), so the merge is the learner's own arithmetic.
     dtype = torch.float32 if config.model.dtype == "auto" else getattr(torch, config.model.dtype)
     base = load_policy(config.model.folder(), dtype=dtype, resolution=config.model.resolution,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -50,11 +51,12 @@ class Bookkeeping:
         every = self.config.eval.every
         return bool(every) and (done % every == 0 or done == self.config.run.iterations)
 
-    def evaluate(self) -> dict[str, float]:
-        """Held-out prompts × fixed seeds, full precision, `eval.steps`, θ as evaluated (its EMA when kept)."""
+    def evaluate(self, progress: Callable[[int], object] | None = None) -> dict[str, float]:
+        """Held-out prompts × fixed seeds, full precision, `eval.steps`, θ as evaluated (its EMA when kept);
+        `progress(prompts done)` after each prompt."""
         return evaluate(self.policy, self.state, self.reward, self.eval_prompts, prompt_set=self.eval_prompt_set,
                         run_seed=self.seed, seeds_per_prompt=self.config.eval.seeds_per_prompt,
-                        sampling=self.eval_sampling)
+                        sampling=self.eval_sampling, progress=progress)
 
     def logged_grid(self) -> GridSamples | None:
         """The experiment log's held-out grid (`logging.grid_prompts` × `logging.grid_seeds`, each scored);

@@ -342,3 +342,24 @@ def kept_checkpoints(run_dir: Path) -> dict[int, Path]:
         if path.suffix != ".tmp" and (iteration := checkpoint_iteration(path)) is not None:
             found[iteration] = path
     return found
+
+
+def named_checkpoint(run_dir: Path, which: str) -> Path:
+    """The checkpoint folder `which` names: latest, previous (the rotating pair), or an iteration N (a kept one,
+    `run.keep_every`, or either of the pair when it is at N). ValueError naming what the run has otherwise."""
+    latest = run_dir / CHECKPOINT_DIR
+    if which == "latest":
+        return latest
+    if which == "previous":
+        return previous_checkpoint(latest)
+    if not which.isdigit():
+        raise ValueError(f"--checkpoint {which}: give latest, previous or an iteration number")
+    wanted = int(which)
+    pair = {n: folder for folder in (previous_checkpoint(latest), latest)
+            if (n := checkpoint_iteration(folder)) is not None}
+    found = {**pair, **kept_checkpoints(run_dir)}
+    if wanted not in found:
+        have = ", ".join(map(str, sorted(found))) or "none"
+        raise ValueError(f"--checkpoint {wanted}: {run_dir} has no checkpoint of iteration {wanted} (it has: {have}); "
+                         "run.keep_every=N keeps every N-th one")
+    return found[wanted]

@@ -7,7 +7,7 @@ Both sample θ as evaluation sees it (`TrainingState.evaluated`: its EMA when th
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -21,9 +21,11 @@ from rewards import Reward, known_rewards
 
 @torch.no_grad()
 def evaluate(policy: FlowPolicy, state: TrainingState, reward: Reward, prompts: list[str], *, run_seed: int,
-             seeds_per_prompt: int, sampling: Sampling, prompt_set: PromptSet | None = None) -> dict[str, float]:
-    """Mean reward (and `reported_details`) over held-out prompts × fixed seeds;
-    `prompt_set`: the set the prompts come from, whose metadata the reward receives."""
+             seeds_per_prompt: int, sampling: Sampling, prompt_set: PromptSet | None = None,
+             progress: Callable[[int], object] | None = None) -> dict[str, float]:
+    """Mean reward (and `reported_details`) over held-out prompts × fixed seeds, one prompt's seeds per batch;
+    `prompt_set`: the set the prompts come from, whose metadata the reward receives; `progress(done)`: called
+    after each prompt."""
     rewards, reported = [], {}
     with state.evaluated() as model:
         for slot, prompt in enumerate(prompts):
@@ -32,6 +34,8 @@ def evaluate(policy: FlowPolicy, state: TrainingState, reward: Reward, prompts: 
             rewards.append(out.rewards)
             for key in reported_details(out.details):
                 reported.setdefault(key, []).append(out.details[key])
+            if progress is not None:
+                progress(slot + 1)
     return {"eval_reward": float(torch.cat(rewards).mean()),
             **{f"eval_{key}": float(torch.cat(values).mean()) for key, values in reported.items()}}
 

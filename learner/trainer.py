@@ -14,6 +14,7 @@ loop without Ray, writing the same `IterationRecord` through the same `RunLog`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from diffusion.explore import ExploreEngine, explore_plan
 from diffusion.loading import load_policy_from_config
 from diffusion.noise import iteration_prompts, lora_init_seed
+from diffusion.policy import FlowPolicy
 from diffusion.progress import Progress
 from diffusion.prompts import load_prompt_set
 from learner.algorithms import ALGORITHMS
@@ -60,15 +62,17 @@ def batch_scores(config: TrainerConfig, batch: list[Group]) -> dict[str, float]:
 
 class Trainer:
     def __init__(self, config: TrainerConfig, run_dir: str | Path | None = None, *,
-                 remote_explorers: bool = False, reward: Reward | None = None, shard: Shard = ALONE) -> None:
+                 remote_explorers: bool = False, reward: Reward | None = None, shard: Shard = ALONE,
+                 policy: FlowPolicy | None = None) -> None:
         """`remote_explorers`: explorer actors rank the pools (the Ray learner), so no local engine is
         built unless the algorithm trains on low-precision samples. `reward`: the configured reward when
         it is computed elsewhere (scorer actors); None builds it here. `shard`: this trainer's rank in a
         learner group (`learner.data_parallel`): it rolls out and trains on its slots only. `run_dir`:
-        where checkpoints (and, in `run`, the run's log) go; only rank 0 is given one."""
+        where checkpoints (and, in `run`, the run's log) go; only rank 0 is given one. `policy`: the model
+        already loaded from config.model (`cluster.evaluate` merges a LoRA into it first); None loads it."""
         self.config, self.shard, self.seed = config, shard, config.run.seed
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.policy = load_policy_from_config(config.model)
+        self.policy = policy if policy is not None else load_policy_from_config(config.model)
         self.reward = reward if reward is not None else build_reward_from_config(config.reward)
         # What the explore engines quantize (the nvfp4 weight-sync codec packs exactly these weights).
         self.explore_plan = explore_plan(self.policy, config.explore)
@@ -208,8 +212,8 @@ class Trainer:
     def eval_prompts(self) -> list[str]:
         return self.books.eval_prompts
 
-    def evaluate(self) -> dict[str, float]:
-        return self.books.evaluate()
+    def evaluate(self, progress: Callable[[int], object] | None = None) -> dict[str, float]:
+        return self.books.evaluate(progress)
 
     def base_evaluation(self) -> tuple[dict[str, float], Any]:
         """The base model's held-out reward (and the experiment log's grid), before any update."""
