@@ -43,8 +43,8 @@ from cluster.reports.figures import save_image_grid
 from diffusion.loading import load_policy_from_config
 from diffusion.progress import Progress
 from diffusion.prompts import load_prompt_set
-from learner.checkpoint import named_checkpoint
 from learner.export import pipeline_class
+from learner.kept_checkpoints import named_checkpoint
 from learner.trainer import Trainer
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "embedded.yaml"

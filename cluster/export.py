@@ -41,9 +41,10 @@ from cluster.reports.model_card import SAMPLES_FILE, RunFacts, model_card
 from diffusion.hub import hub_ref, offline
 from diffusion.loading import load_policy
 from diffusion.noise import lora_init_seed
-from learner.checkpoint import CorruptCheckpoint, named_checkpoint
+from learner.checkpoint import CorruptCheckpoint
 from learner.checkpoint_load import load_checkpoint
 from learner.export import EXPORT_RECORD, export_pipeline, merged_weights, replaceable, save_transformer
+from learner.kept_checkpoints import named_checkpoint
 from learner.run_log import read_base_evaluation
 from learner.training_state import TrainingState
 

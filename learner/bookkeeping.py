@@ -19,7 +19,6 @@ from diffusion.prompts import load_prompt_set
 from learner.checkpoint import (
     CHECKPOINT_DIR,
     check_finite,
-    keep_checkpoint,
     save_checkpoint,
     write_safetensors,
     written_into,
@@ -29,6 +28,7 @@ from learner.config import TrainerConfig
 from learner.evaluation import evaluate, grid_samples, sample_grid
 from learner.experiment_log import GridSamples, enabled
 from learner.export import LORA_DIR, TRANSFORMER_DIR, merged_weights, save_lora, save_transformer
+from learner.kept_checkpoints import keep_checkpoint
 from learner.rollouts import evaluation_sampling
 from learner.training_state import TrainingState
 from rewards import Reward

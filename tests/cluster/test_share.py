@@ -26,8 +26,8 @@ from cluster.export import push_to_hub
 from cluster.reports.figures import save_image_grid
 from cluster.reports.summary import before_after
 from diffusion.loading import listed_components, pipeline_patterns
-from learner.checkpoint import kept_checkpoints
 from learner.export import EXPORT_RECORD
+from learner.kept_checkpoints import kept_checkpoints
 from learner.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
