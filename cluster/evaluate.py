@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for results.json, results.md, samples.png")
     args = parser.parse_args(argv)
     given = args.compare or [args.model]
+    threads = torch.get_num_threads()
     try:
         subjects = [subject(name, args.lora if i == len(given) - 1 else None) for i, name in enumerate(given)]
         for model in subjects:
@@ -195,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:  # an in-process caller keeps its own thread count
+        torch.set_num_threads(threads)
     args.out.mkdir(parents=True, exist_ok=True)
     text = table(given, results)
     protocol_line = (f"{config.eval.prompts} prompts of {config.prompts.eval_source} × {config.eval.seeds_per_prompt} "
