@@ -44,7 +44,7 @@ class RunFacts:
     base_card: Path | None  # the base model's README.md, when it has one
     before: dict[str, float] = field(default_factory=dict)  # held-out metrics of the base model
     after: dict[str, float] = field(default_factory=dict)  # ... at the exported checkpoint's last evaluation
-    after_iteration: int | None = None  # the iteration of that evaluation
+    after_iteration: int | None = None  # the (0-based) iteration that evaluation followed
     commands: list[list[str]] = field(default_factory=list)  # the run's launches, as argv
     has_samples: bool = False
 
@@ -67,7 +67,8 @@ def _metrics_table(before: dict[str, float], after: dict[str, float], at: int | 
     names = [name for name in before if name in after] or sorted(after)
     if not names:
         return "No held-out evaluation was logged.\n"
-    rows = [f"| held-out metric | base model | this model (evaluated after iteration {at}) |", "|---|---|---|"]
+    when = "" if at is None else f" (evaluated after {at + 1} iteration{'s' if at else ''})"
+    rows = [f"| held-out metric | base model | this model{when} |", "|---|---|---|"]
     for name in names:
         base = f"{before[name]:.4f}" if name in before else "—"
         rows.append(f"| `{name}` | {base} | {after[name]:.4f} |")
@@ -87,7 +88,8 @@ def model_card(facts: RunFacts) -> str:
                          tags=tags, **inherited_licence(facts.base_card, facts.base_model))
     base = (f"[{facts.base_model}](https://huggingface.co/{facts.base_model})"
             + (f" (commit `{facts.base_commit[:12]}`)" if facts.base_commit else "")
-            if facts.base_model else f"`{c.model.path}` (a local folder)")
+            if facts.base_model else "the embedded digit model" if c.model.path == "embedded"
+            else f"`{c.model.path}` (a local folder)")
     rewards = ", ".join(f"`{name}` × {weight:g}" for name, weight in c.reward.weights.items())
     training = (f"LoRA rank {c.training.lora_rank}, α {c.training.lora_alpha}, merged into the transformer"
                 if c.training.mode == "lora" else "full fine-tuning")

@@ -89,7 +89,7 @@ def test_an_export_of_a_hub_base_holds_the_pipeline_and_a_card_the_hub_parses(hu
     base = json.loads((run_dir / "base_eval.json").read_text())["eval_reward"]
     last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
     assert f"| `eval_reward` | {base:.4f} | {last['eval_reward']:.4f} |" in card.text
-    assert "evaluated after iteration 1" in card.text and "trained for 2 iterations" in card.text
+    assert "evaluated after 2 iterations" in card.text and "trained for 2 iterations" in card.text
     assert f"commit `{snapshot.name[:12]}`" in card.text and "![Base model" in card.text
     assert ("python -m cluster.launch --config configs/embedded.yaml --run-dir runs/run --set "
             "model.path=solrl-test/tiny-sd3 --set run.iterations=2") in card.text
@@ -110,7 +110,7 @@ def test_a_kept_checkpoint_exports_by_its_iteration(hub_run, tmp_path, capsys):
     export_main(["--run-dir", str(run_dir), "--out", str(tmp_path / "first"), "--checkpoint", "1"])
     first = json.loads((tmp_path / "first" / EXPORT_RECORD).read_text())
     assert first["iteration"] == 1 and first["checkpoint"] == str((run_dir / "kept" / "iteration-000001").resolve())
-    assert "evaluated after iteration 0" in (tmp_path / "first" / "README.md").read_text()
+    assert "evaluated after 1 iteration)" in (tmp_path / "first" / "README.md").read_text()
     with pytest.raises(SystemExit):
         export_main(["--run-dir", str(run_dir), "--out", str(tmp_path / "none"), "--checkpoint", "7"])
     assert ("error: --checkpoint 7: " in capsys.readouterr().err and not (tmp_path / "none").exists())
