@@ -240,7 +240,8 @@ def test_a_preset_states_only_its_differences_from_its_base(tmp_path):
         load_config(tmp_path / "a.yaml")
 
 
-@pytest.mark.parametrize("module", ["cluster.launch", "cluster.check", "cluster.export", "cluster.evaluate", "bench.demo"])
+@pytest.mark.parametrize("module", ["cluster.launch", "cluster.check", "cluster.export", "cluster.evaluate",
+                                    "bench.demo"])
 def test_each_commands_help_names_it_and_explains_every_flag(module, capsys):
     import importlib
 
