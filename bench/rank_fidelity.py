@@ -96,7 +96,9 @@ def measure(
     for name, precision in [("none_explore_steps", "none")] + [(p, p) for p in precisions]:
         engine = None
         if precision != "none":
-            engine = ExploreEngine(policy, config.explore.model_copy(update={"precision": precision})).module
+            # An explicit format on purpose: this measures fidelity, so emulation is what is asked for.
+            study = config.explore.model_copy(update={"precision": precision, "allow_emulation": True})
+            engine = ExploreEngine(policy, study).module
         proxy, proxy_components, seconds = sample_rewards(policy, reward, prompts, n, seed, explore,
                                                           transformer=engine, components=components,
                                                           prompt_set=prompt_set)

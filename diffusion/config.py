@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diffusion.quant import Backend, Precision
+from diffusion.quant import Backend, PrecisionRequest
 from diffusion.samplers import Solver
 
 EMBEDDED_MODEL = Path(__file__).parent / "embedded" / "artifacts" / "model"
@@ -55,8 +55,13 @@ class ExploreConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    precision: Precision = "nvfp4"
+    precision: PrecisionRequest = Field("auto", description="auto: the fastest format this GPU runs for real "
+                                        "(NVFP4 with TE on Blackwell, FP8 with torchao on Hopper/Ada, BF16 on "
+                                        "older GPUs; NVFP4 emulated on CPU, for fidelity); or nvfp4, nvfp4_w4a16, "
+                                        "fp8, none")
     backend: Backend = "auto"
+    allow_emulation: bool = Field(False, description="run an explicitly requested format this device can only "
+                                  "emulate (fake quantization: slower than BF16, for fidelity studies)")
     solver: Solver | None = Field(None, description="None: the sampler's solver (the paper explores with the "
                                   "solver it regenerates with)")
     steps: int = Field(6, ge=1)

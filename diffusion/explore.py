@@ -29,15 +29,16 @@ from diffusion.quant import (
     NVFP4_WEIGHT_PRECISIONS,
     Precision,
     build_engine,
+    choose_engine,
+    device_facts,
     engine_layers,
     load_weights,
-    resolve_backend,
 )
 
 
 @dataclass(frozen=True)
 class ExplorePlan:
-    """What an explore engine is: its precision, backend and quantized layers.
+    """What an explore engine is: its precision, backend and quantized layers, and what that runs.
 
     ``quantized_weights`` are the ``state_dict`` keys (``"<layer>.weight"``) that the weight-sync
     ``nvfp4`` codec packs: those of every quantized layer when the precision's weights are NVFP4
@@ -49,6 +50,8 @@ class ExplorePlan:
     linears: tuple[str, ...]  # Linears run quantized (after the backend's own filter, e.g. TE's dims)
     convs: tuple[str, ...]  # 1×1 convolutions run quantized
     quantized_weights: tuple[str, ...]
+    emulated: bool = False  # fake quantization (or a reference kernel): fidelity, not speed
+    summary: str = ""  # what runs, in words (diffusion.quant.backends.EngineChoice.summary)
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -58,13 +61,16 @@ class ExplorePlan:
 
 def explore_plan(policy: FlowPolicy, config: ExploreConfig) -> ExplorePlan:
     """The plan of ``ExploreEngine(policy, config)``: the family's skip list, minimum size and 1×1
-    conv switch (``config.skip`` / ``config.min_dim`` override the first two), on the backend
-    ``config.backend`` resolves to for the transformer's device."""
-    if config.precision == "none":
-        return ExplorePlan("none", "none", (), (), ())
-    quant = policy.family.quant
+    conv switch (``config.skip`` / ``config.min_dim`` override the first two), in the precision and on
+    the backend :func:`~diffusion.quant.choose_engine` picks for the transformer's device (raises
+    ``ValueError`` for a request that device can only emulate, unless ``config.allow_emulation``)."""
     transformer = policy.transformer
-    backend = resolve_backend(config.backend, config.precision, module_device(transformer))
+    choice = choose_engine(config.precision, config.backend, device_facts(module_device(transformer)),
+                           allow_emulation=config.allow_emulation)
+    if choice.precision == "none":
+        return ExplorePlan("none", "none", (), (), (), summary=choice.summary)
+    quant = policy.family.quant
+    backend = choice.backend
     layers = engine_layers(
         transformer,
         backend,
@@ -72,13 +78,15 @@ def explore_plan(policy: FlowPolicy, config: ExploreConfig) -> ExplorePlan:
         min_dim=quant.min_dim if config.min_dim is None else config.min_dim,
         conv1x1=quant.conv1x1,
     )
-    packed = config.precision in NVFP4_WEIGHT_PRECISIONS
+    packed = choice.precision in NVFP4_WEIGHT_PRECISIONS
     return ExplorePlan(
-        precision=config.precision,
+        precision=choice.precision,
         backend=backend,
         linears=layers.linears,
         convs=layers.convs,
         quantized_weights=tuple(f"{name}.weight" for name in (*layers.linears, *layers.convs)) if packed else (),
+        emulated=choice.emulated,
+        summary=choice.summary,
     )
 
 

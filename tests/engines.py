@@ -30,7 +30,7 @@ def quantize(model: nn.Module, precision: Precision, *, skip: Sequence[str] = ()
              conv1x1: bool = False, backend: Backend = "auto") -> nn.Module:
     """The explorer's engine of `model` (`ExploreEngine(...).module`); `model` is untouched."""
     policy = stand_in_policy(model, skip=skip, min_dim=min_dim, conv1x1=conv1x1)
-    return ExploreEngine(policy, ExploreConfig(precision=precision, backend=backend)).module
+    return ExploreEngine(policy, ExploreConfig(precision=precision, backend=backend, allow_emulation=True)).module
 
 
 def quantized_layer_names(engine: nn.Module) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,7 @@ class _FakeQuantGemm(nn.Module):
     (``load_weights`` does).
     """
 
+    backend: ClassVar[str] = "project"  # the backend that refreshes (and counts) this layer
     weight: nn.Parameter
     bias: nn.Parameter | None
     weight_fq: torch.Tensor
@@ -145,6 +147,13 @@ class QuantConv1x1(_FakeQuantGemm, nn.Conv2d):
         return f"{nn.Conv2d.extra_repr(self)}, precision={self.precision}"
 
 
+def gemm_dims(module: nn.Module) -> tuple[int, int]:
+    """``(in, out)`` of a Linear or of a 1×1 convolution seen as a Linear over channels."""
+    if isinstance(module, nn.Conv2d):
+        return module.in_channels, module.out_channels
+    return module.in_features, module.out_features
+
+
 def project_layer(module: nn.Module, precision: Precision, block_size: int = 16) -> QuantLinear | QuantConv1x1:
     """The project backend's replacement for an eligible ``nn.Linear`` or 1×1 ``nn.Conv2d``."""
     if isinstance(module, nn.Linear):
@@ -163,7 +172,7 @@ def refresh_project_layers(engine: nn.Module, prequantized: Collection[str] = ()
     """Refresh every project layer of ``engine``; those whose ``<name>.weight`` is in ``prequantized``
     adopt their (already fake-quantized) weight as it is."""
     for name, module in engine.named_modules():
-        if isinstance(module, _FakeQuantGemm):
+        if isinstance(module, _FakeQuantGemm) and module.backend == "project":
             if _weight_key(name) in prequantized:
                 module.adopt_quantized()
             else:
@@ -197,7 +206,7 @@ class ProjectBackend:
         refresh_project_layers(engine, prequantized)
 
     def is_quantized(self, module: nn.Module) -> bool:
-        return isinstance(module, _FakeQuantGemm)
+        return isinstance(module, _FakeQuantGemm) and module.backend == "project"
 
     def runtime(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()

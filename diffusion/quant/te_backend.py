@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from diffusion.quant.precision import Precision
+from diffusion.quant.project_backend import gemm_dims
 
 # TE's FP8/FP4 GEMMs need both GEMM dims to be multiples of 16.
 TE_DIM_MULTIPLE = 16
@@ -74,13 +75,6 @@ def is_te_linear(module: nn.Module) -> bool:
     )
 
 
-def _gemm_dims(module: nn.Module) -> tuple[int, int]:
-    """``(in, out)`` of a Linear or of a 1×1 convolution seen as a Linear over channels."""
-    if isinstance(module, nn.Conv2d):
-        return module.in_channels, module.out_channels
-    return module.in_features, module.out_features
-
-
 @functools.cache
 def _te_conv1x1_class(te_linear: type) -> type:
     """A ``te_linear`` subclass that runs a 1×1 convolution as a Linear over channels.
@@ -120,7 +114,7 @@ def swap_to_te_linear(model: nn.Module, eligible_names: Iterable[str]) -> nn.Mod
     te = _require_te()
     for name in eligible_names:
         old = model.get_submodule(name)
-        d_in, d_out = _gemm_dims(old)
+        d_in, d_out = gemm_dims(old)
         if d_in % TE_DIM_MULTIPLE or d_out % TE_DIM_MULTIPLE:
             raise ValueError(
                 f"{name}: TE needs GEMM dims that are multiples of {TE_DIM_MULTIPLE}, got {d_in}x{d_out}; "
@@ -163,7 +157,7 @@ class TEBackend:
     name = "te"
 
     def supports(self, module: nn.Module) -> bool:
-        d_in, d_out = _gemm_dims(module)
+        d_in, d_out = gemm_dims(module)
         return not (d_in % TE_DIM_MULTIPLE or d_out % TE_DIM_MULTIPLE)
 
     def quantize(

@@ -33,7 +33,7 @@ def test_preset_carries_the_official_hyperparameters(name):
     assert c.training.lora_targets is None and c.explore.skip is None and c.explore.min_dim is None  # the family's
     assert (c.eval.steps, c.training.ema, c.model.dtype, c.model.resolution) == (eval_steps, True, "bfloat16",
                                                                               resolution)
-    assert c.explore.precision == "nvfp4" and c.learner.decay.type == 1 and c.learner.nft.beta == 1.0
+    assert c.explore.precision == "auto" and c.learner.decay.type == 1 and c.learner.nft.beta == 1.0
     # one 8-GPU node, one GPU per actor, split as bench.plan finds fastest in sync mode (streamed)
     learners, explorers = c.cluster.learner, c.cluster.explorers
     assert learners.count * learners.num_gpus + explorers.count * explorers.num_gpus == 8

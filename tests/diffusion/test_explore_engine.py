@@ -22,6 +22,7 @@ from torch import nn
 from diffusion.config import ExploreConfig
 from diffusion.explore import ExploreEngine, ExplorePlan, explore_plan
 from diffusion.quant import (
+    DeviceFacts,
     build_engine,
     eligible_linear_names,
     engine_layers,
@@ -153,10 +154,13 @@ def sd3_inputs(policy) -> dict[str, torch.Tensor]:
 
 @needs_no_te
 def test_explore_engine_on_te_enters_the_autocast(embedded_policy, fake_te: FakeTE, monkeypatch) -> None:
-    monkeypatch.setattr("diffusion.explore.resolve_backend", lambda backend, precision, device: "te")
-    engine = ExploreEngine(embedded_policy, ExploreConfig(precision="nvfp4", backend="te", min_dim=64))
+    blackwell = DeviceFacts((10, 0), te=True, torchao=True)
+    monkeypatch.setattr("diffusion.explore.device_facts", lambda device: blackwell)
+    engine = ExploreEngine(embedded_policy, ExploreConfig(precision="auto", min_dim=64))
     ff = tuple(f"transformer_blocks.{i}.ff.{layer}" for i in range(4) for layer in ("net.0.proj", "net.2"))
-    assert engine.plan == ExplorePlan("nvfp4", "te", ff, (), tuple(f"{name}.weight" for name in ff))
+    assert engine.plan == ExplorePlan("nvfp4", "te", ff, (), tuple(f"{name}.weight" for name in ff),
+                                      emulated=False, summary=engine.plan.summary)
+    assert "real NVFP4 GEMMs on sm_100" in engine.plan.summary
     with torch.no_grad():
         engine.module(**sd3_inputs(embedded_policy))
     calls = {name: layer.in_autocast for name, layer in te_layers(engine.module, fake_te).items()}
@@ -176,7 +180,7 @@ class HandQuantLinear(nn.Module):
 
 
 def test_project_engine_equals_the_quantized_model_and_the_hand_computation(embedded_policy) -> None:
-    config = ExploreConfig(precision="nvfp4", backend="project", min_dim=64)
+    config = ExploreConfig(precision="nvfp4", backend="project", allow_emulation=True, min_dim=64)
     engine = ExploreEngine(embedded_policy, config)
     transformer = embedded_policy.transformer
     skip = embedded_policy.family.quant.skip
@@ -199,12 +203,15 @@ def test_project_engine_equals_the_quantized_model_and_the_hand_computation(embe
 
 def test_plan_follows_the_family_unless_the_config_overrides(embedded_policy) -> None:
     transformer = embedded_policy.transformer
-    family = explore_plan(embedded_policy, ExploreConfig(precision="nvfp4", backend="project"))
-    assert family == ExplorePlan("nvfp4", "project", (), (), ())  # SD3's 2432 leaves nothing this small
-    plan = explore_plan(embedded_policy, ExploreConfig(precision="fp8", backend="project", min_dim=0, skip=["attn"]))
+    family = explore_plan(embedded_policy, ExploreConfig(precision="nvfp4", backend="project", allow_emulation=True))
+    # SD3's 2432 leaves nothing this small
+    assert family == ExplorePlan("nvfp4", "project", (), (), (), emulated=True, summary=family.summary)
+    plan = explore_plan(embedded_policy, ExploreConfig(precision="fp8", backend="project", allow_emulation=True,
+                                                       min_dim=0, skip=["attn"]))
     assert plan.linears == tuple(eligible_linear_names(transformer, skip=["attn"], min_dim=0))
     assert plan.quantized_weights == ()  # FP8 weights travel dense
-    w4a16 = explore_plan(embedded_policy, ExploreConfig(precision="nvfp4_w4a16", backend="project", min_dim=64))
+    w4a16 = explore_plan(embedded_policy, ExploreConfig(precision="nvfp4_w4a16", backend="project",
+                                                        allow_emulation=True, min_dim=64))
     assert w4a16.quantized_weights == tuple(f"{name}.weight" for name in w4a16.linears) and w4a16.linears
 
 
@@ -218,7 +225,7 @@ def test_precision_none_is_a_plain_copy(embedded_policy) -> None:
 
 
 def test_load_refreshes_the_quantizers(embedded_policy) -> None:
-    config = ExploreConfig(precision="nvfp4", backend="project", min_dim=64)
+    config = ExploreConfig(precision="nvfp4", backend="project", allow_emulation=True, min_dim=64)
     engine = ExploreEngine(embedded_policy, config)
     transformer = embedded_policy.transformer
     new = {key: value * 1.25 for key, value in transformer.state_dict().items()}

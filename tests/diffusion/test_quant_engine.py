@@ -274,7 +274,7 @@ def test_unknown_precision_and_backend_list_the_allowed_values() -> None:
     with pytest.raises(ValueError, match=r"'nvfp8'.*'nvfp4', 'nvfp4_w4a16', 'fp8', 'none'"):
         check_precision("nvfp8")
     assert PRECISIONS == ("nvfp4", "nvfp4_w4a16", "fp8", "none")
-    with pytest.raises(ValueError, match=r"'cuda'.*'auto', 'project', 'modelopt', 'te'"):
+    with pytest.raises(ValueError, match=r"'cuda'.*'auto', 'project', 'modelopt', 'torchao', 'te'"):
         resolve_backend("cuda", "nvfp4", mlp()[0].weight.device)  # type: ignore[arg-type]
 
 

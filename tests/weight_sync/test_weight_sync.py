@@ -101,7 +101,8 @@ def test_nvfp4_packs_a_1x1_conv_weight_as_the_engines_gemm_matrix():
 
 def explore_engine(model: torch.nn.Module) -> ExploreEngine:
     """The explorer's engine of `model` (a stand-in policy: every Linear quantized, project backend)."""
-    return ExploreEngine(stand_in_policy(model), ExploreConfig(precision="nvfp4", backend="project"))
+    config = ExploreConfig(precision="nvfp4", backend="project", allow_emulation=True)
+    return ExploreEngine(stand_in_policy(model), config)
 
 
 def test_merge_lora_matches_the_definition():
