@@ -9,8 +9,9 @@ Checks, each a row of the printed table (exit 1 when any fails, 2 on a config er
   `cluster.config.preflight.check_inputs`);
 - resources: the placement bundles (learner ranks + explorers + scorers) against the Ray cluster's
   (`cluster.address` / RAY_ADDRESS), or, for a private local Ray, against this machine's GPUs;
-- backend: the explore backend this hardware allows for the precision (TE FP4 on Blackwell, modelopt on
-  other CUDA GPUs, the project's on CPU);
+- backend: what the explorers will run, in words, on the GPU they will get (`diffusion.quant.choose_engine`):
+  real NVFP4 GEMMs (TE, Blackwell), real FP8 GEMMs (torchao, Hopper/Ada), BF16, or an emulation — a warning
+  on a GPU, a failure unless explore.allow_emulation;
 - plan: the engine's layer plan on the real architecture (built on the meta device from the folder's
   transformer config): how many Linears / 1×1 convs and parameters run in low precision;
 - memory: an estimate per actor (formulas in `estimate_memory`) against its share of the GPU it will get: this
@@ -30,7 +31,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,6 +42,7 @@ from cluster.config.loading import ConfigError, add_config_arguments, load_confi
 from cluster.config.preflight import check_inputs, check_model
 from cluster.config.schema import SolRLConfig
 from diffusion.loading import weight_files
+from diffusion.quant import DeviceFacts, EngineChoice
 
 GiB = 2**30
 # Text tokens the transformer attends to, by family (CLIP 77 + T5 at the family's length for SD3).
@@ -115,19 +117,38 @@ def resources_row(config: SolRLConfig) -> Row:
                "the CPU — for a real run submit to a GPU cluster (cluster.address or RAY_ADDRESS)")
 
 
-def backend_row(config: SolRLConfig) -> Row:
-    from diffusion.quant import resolve_backend
+def explorer_device(config: SolRLConfig, gpu: GpuFacts) -> DeviceFacts:
+    """The facts of the device the explorers' engines will run on: the GPU an actor gets (`gpu_facts`) when
+    explorers take GPUs and the model is not pinned to the CPU; else this machine's CPU."""
+    from diffusion.quant import device_facts
 
-    if config.explore.precision == "none":
-        return Row("backend", True, "explore precision none: a full-precision copy")
-    on_gpu = torch.cuda.is_available() and config.model.device != "cpu" and config.cluster.explorers.num_gpus > 0
-    device = torch.device("cuda" if on_gpu else "cpu")
+    if gpu.device is not None and config.cluster.explorers.num_gpus > 0 and config.model.device != "cpu":
+        return gpu.device
+    return device_facts(torch.device("cpu"))
+
+
+def backend_row(config: SolRLConfig, device: DeviceFacts, where: str) -> tuple[Row, EngineChoice | None]:
+    """What the explorers will run, in words (`diffusion.quant.choose_engine` on `device`): real NVFP4/FP8
+    GEMMs, BF16, or an emulation — refused unless explore.allow_emulation (the row fails, naming the fix)."""
+    from diffusion.quant import choose_engine
+
     try:
-        backend = resolve_backend(config.explore.backend, config.explore.precision, device)
+        choice = choose_engine(config.explore.precision, config.explore.backend, device,
+                               allow_emulation=config.explore.allow_emulation)
     except ValueError as exc:
-        return Row("backend", False, one_line(str(exc)))
-    where = torch.cuda.get_device_name() if on_gpu else "CPU"
-    return Row("backend", True, f"{config.explore.precision} on {backend} ({where})")
+        return Row("backend", False, one_line(str(exc))), None
+    return Row("backend", None if choice.emulated and device.capability is not None else True,
+               f"{choice.summary} ({where})"), choice
+
+
+def with_engine(config: SolRLConfig, choice: EngineChoice | None) -> SolRLConfig:
+    """`config` with the explore precision and backend the choice resolved (what the plan and the weight-sync
+    estimate are of); unchanged when nothing was chosen."""
+    if choice is None:
+        return config
+    explore = config.explore.model_copy(update={"precision": choice.precision, "backend": choice.backend
+                                                if choice.backend != "none" else "auto"})
+    return config.model_copy(update={"explore": explore})
 
 
 def plan_row(config: SolRLConfig, model: nn.Module, family) -> Row:
@@ -213,47 +234,55 @@ MEMORY_FIXES = {
 
 
 @dataclass(frozen=True)
-class GpuMemory:
+class GpuFacts:
+    """The GPU an actor will get, as far as it is known before anything starts."""
+
     gib: float | None  # None: not known, so not compared
-    source: str  # where the figure comes from, or why there is none
+    source: str  # where the figures come from, or why there are none
+    device: DeviceFacts | None = None  # its compute capability and libraries; None: not known
 
 
-def gpu_memory(config: SolRLConfig, probe_timeout_s: float = 60.0) -> GpuMemory:
-    """The memory of the GPU an actor will get: this machine's first CUDA device when it has one; else, on a
-    Ray cluster (`cluster.address` / RAY_ADDRESS) with GPUs, one GPU's as a one-GPU task on it reads it (waiting
-    at most `probe_timeout_s` for a free GPU); else unknown."""
+def gpu_facts(config: SolRLConfig, probe_timeout_s: float = 60.0) -> GpuFacts:
+    """The GPU an actor will get: this machine's first CUDA device when it has one; else, on a Ray cluster
+    (`cluster.address` / RAY_ADDRESS) with GPUs, one GPU's as a one-GPU task on it reads it (waiting at most
+    `probe_timeout_s` for a free GPU); else unknown."""
+    from diffusion.quant import device_facts
+
     if torch.cuda.is_available():
-        return GpuMemory(torch.cuda.get_device_properties(0).total_memory / GiB,
-                         f"this node's {torch.cuda.get_device_name(0)}")
+        return GpuFacts(torch.cuda.get_device_properties(0).total_memory / GiB,
+                        f"this node's {torch.cuda.get_device_name(0)}", device_facts(torch.device("cuda", 0)))
     address = config.cluster.address or os.environ.get("RAY_ADDRESS")
     if not address:
-        return GpuMemory(None, "no GPU here, and no Ray cluster named (cluster.address or RAY_ADDRESS)")
+        return GpuFacts(None, "no GPU here, and no Ray cluster named (cluster.address or RAY_ADDRESS)")
     import ray
 
     ray.init(address=address, log_to_driver=False)
     try:
         if ray.cluster_resources().get("GPU", 0) < 1:
-            return GpuMemory(None, f"the cluster at {address} has no GPU")
-        probe = ray.remote(num_gpus=1, num_cpus=0)(_device_memory).remote()
+            return GpuFacts(None, f"the cluster at {address} has no GPU")
+        probe = ray.remote(num_gpus=1, num_cpus=0)(_device_facts).remote()
         ready, _ = ray.wait([probe], timeout=probe_timeout_s)
         if not ready:
             ray.cancel(probe, force=True)
-            return GpuMemory(None, f"no GPU of the cluster at {address} was free within {probe_timeout_s:.0f} s")
-        gib, name = ray.get(probe)
+            return GpuFacts(None, f"no GPU of the cluster at {address} was free within {probe_timeout_s:.0f} s")
+        gib, name, device = ray.get(probe)
     finally:
         ray.shutdown()
     if gib is None:
-        return GpuMemory(None, f"the cluster at {address} has logical GPUs without a CUDA device behind them")
-    return GpuMemory(gib, f"a GPU of the cluster at {address}: {name}")
+        return GpuFacts(None, f"the cluster at {address} has logical GPUs without a CUDA device behind them")
+    return GpuFacts(gib, f"a GPU of the cluster at {address}: {name}", device)
 
 
-def _device_memory() -> tuple[float | None, str]:
-    """On a GPU worker: (GiB, name) of the GPU Ray gave it; (None, '') where no CUDA device is visible."""
+def _device_facts() -> tuple[float | None, str, DeviceFacts | None]:
+    """On a GPU worker: (GiB, name, facts) of the GPU Ray gave it; (None, '', None) without a CUDA device."""
     import torch
 
+    from diffusion.quant import device_facts
+
     if not torch.cuda.is_available():
-        return None, ""
-    return torch.cuda.get_device_properties(0).total_memory / 2**30, torch.cuda.get_device_name(0)
+        return None, "", None
+    return (torch.cuda.get_device_properties(0).total_memory / 2**30, torch.cuda.get_device_name(0),
+            device_facts(torch.device("cuda", 0)))
 
 
 def memory_row(config: SolRLConfig, model: nn.Module, family, params: dict[str, int],
@@ -352,7 +381,11 @@ def run_checks(config: SolRLConfig, *, inputs_checked: bool = False) -> list[Row
     from diffusion.families import family_for_transformer
 
     inputs, config = _inputs_row(config, inputs_checked)
-    rows = [inputs, resources_row(config), backend_row(config)]
+    gpu = gpu_facts(config)
+    device = explorer_device(config, gpu)
+    backend, choice = backend_row(config, device, gpu.source if device is gpu.device else "the CPU of this machine")
+    rows = [inputs, resources_row(config), backend]
+    config = with_engine(config, choice)
     try:  # the model's rows need only the model folder: evaluated whatever else the inputs row found
         config, _ = check_model(config)
     except ConfigError as exc:
@@ -363,7 +396,7 @@ def run_checks(config: SolRLConfig, *, inputs_checked: bool = False) -> list[Row
     model = meta_transformer(folder)
     family = family_for_transformer(type(model).__name__)
     params = stored_parameters(folder)
-    memory = memory_row(config, model, family, params, *astuple(gpu_memory(config)))
+    memory = memory_row(config, model, family, params, gpu.gib, gpu.source)
     return [*rows, plan_row(config, model, family), memory, shm_row(config, model, family)]
 
 

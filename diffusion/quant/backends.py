@@ -141,16 +141,17 @@ class EngineChoice:
 
 
 def _auto_precision(device: DeviceFacts) -> tuple[Precision, str, str]:
-    """``(precision, backend, why)`` of ``precision: auto`` on ``device`` (the module docstring's table)."""
+    """``(precision, backend, why)`` of ``precision: auto`` on ``device`` (the module docstring's table);
+    ``why`` is empty where the summary says it all."""
     if device.capability is None:
-        return "nvfp4", "project", "no GPU: the paper's NVFP4 emulated for fidelity"
+        return "nvfp4", "project", ""
     if device.fp4_gemms and device.te:
-        return "nvfp4", "te", "real NVFP4 GEMMs"
+        return "nvfp4", "te", ""
     if device.fp8_gemms and device.torchao:
-        return "fp8", "torchao", "real FP8 GEMMs"
+        return "fp8", "torchao", ""
     if device.fp8_gemms:
-        return "none", "none", "FP8 tensor cores but no torchao (pip install torchao): BF16 exploration"
-    return "none", "none", f"no FP8/FP4 tensor cores on {device.name}: BF16 exploration"
+        return "none", "none", "this GPU has FP8 tensor cores but torchao is missing: pip install torchao"
+    return "none", "none", f"no FP8/FP4 tensor cores on {device.name}"
 
 
 def _check_backend(backend: str, precision: str, device: DeviceFacts) -> None:
@@ -192,8 +193,8 @@ def _words(precision: str, backend: str, device: DeviceFacts) -> str:
     if (precision, backend) in REAL_KERNELS:  # the library's reference kernels, without the GPU's
         return (f"{precision} on {backend} without its GPU kernels on {device.name}: exploration will be slower "
                 "than BF16 (fidelity, not speed)")
-    return (f"{precision} emulated by {backend}'s fake quantization on {device.name}: exploration will be slower "
-            "than BF16 (fidelity, not speed)")
+    return (f"{precision} emulated by the {backend} backend's fake quantization on {device.name}: exploration "
+            "will be slower than BF16 (fidelity, not speed)")
 
 
 def choose_engine(
@@ -212,7 +213,8 @@ def choose_engine(
                              f"(got {backend!r}) or name the precision")
         chosen, concrete, why = _auto_precision(device)
         emulated = chosen != "none" and not device.runs_real(chosen, concrete)
-        return EngineChoice(chosen, concrete, emulated, f"auto → {_words(chosen, concrete, device)} ({why})")
+        summary = f"auto → {_words(chosen, concrete, device)}" + (f"; {why}" if why else "")
+        return EngineChoice(chosen, concrete, emulated, summary)
     if precision == "none":
         return EngineChoice("none", "none", False, _words("none", "none", device))
     if backend == "auto":

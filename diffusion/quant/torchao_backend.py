@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from types import ModuleType
@@ -47,17 +46,10 @@ FP8_DIM_MULTIPLE = 16
 
 @functools.cache
 def _torchao() -> ModuleType | None:
-    # torchao registers an Enum with torch's pytree on import, which torch now logs as deprecated: once per
-    # process, in every explorer's log, about nothing this project can change.
-    pytree_log = logging.getLogger("torch.utils._pytree")
-    level = pytree_log.level
-    pytree_log.setLevel(logging.ERROR)
     try:
         import torchao.quantization as torchao_quantization
     except ImportError:
         return None
-    finally:
-        pytree_log.setLevel(level)
     return torchao_quantization
 
 

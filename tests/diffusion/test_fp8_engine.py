@@ -52,7 +52,8 @@ def test_auto_picks_the_fastest_honest_engine(device, precision, backend, emulat
 def test_auto_says_in_words_what_runs() -> None:
     assert "real FP8 GEMMs on sm_90" in choose_engine("auto", "auto", HOPPER).summary
     assert "real NVFP4 GEMMs on sm_100" in choose_engine("auto", "auto", BLACKWELL).summary
-    assert "no FP8/FP4 tensor cores on sm_80: BF16 exploration" in choose_engine("auto", "auto", AMPERE).summary
+    ampere = choose_engine("auto", "auto", AMPERE).summary
+    assert "BF16 exploration (a full-precision copy) on sm_80; no FP8/FP4 tensor cores on sm_80" in ampere
     assert "pip install torchao" in choose_engine("auto", "auto", DeviceFacts((9, 0))).summary
     assert "emulated" in choose_engine("auto", "auto", CPU).summary
 
@@ -62,7 +63,7 @@ def test_an_emulated_request_is_refused_in_one_line_unless_allowed() -> None:
         choose_engine("nvfp4", "auto", HOPPER)
     message = str(refused.value)
     assert "\n" not in message
-    assert "nvfp4 emulated by modelopt's fake quantization on sm_90: exploration will be slower than BF16" in message
+    assert "nvfp4 emulated by the modelopt backend's fake quantization on sm_90: exploration will be slower" in message
     assert "fp8 runs real FP8 GEMMs here" in message and "explore.allow_emulation=true" in message
     allowed = choose_engine("nvfp4", "auto", HOPPER, allow_emulation=True)
     assert (allowed.backend, allowed.emulated) == ("modelopt", True)
