@@ -45,6 +45,8 @@ class Explorer:
         self.prompt_set = load_prompt_set(prompt_source)
         self.policy = load_policy_from_config(model)
         self.engine = ExploreEngine(self.policy, explore)
+        # What this explorer really runs (real FP8/NVFP4 GEMMs or an emulation), in its log for the dashboard.
+        print(f"{self.name}: explore engine {self.engine.plan.summary}", flush=True)
         self.reward = RemoteReward(scorers, reward) if scorers else build_reward_from_config(reward)
         # The policy's own transformer stays the unmodified base (the engine is a copy): the lora codec
         # merges adapters into it without another copy of the model.

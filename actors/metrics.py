@@ -73,6 +73,12 @@ LEARNER = (
     _gauge("streamed_rollout_s", "s", "learner's regeneration seconds overlapped with exploration (streamed)",
            "solrl_regenerate_streamed_seconds"),
     _gauge("train_s", "s", "learner's update seconds", "solrl_train_seconds"),
+    _gauge("explore_step_s", "s", "explore engine's seconds per denoising step of one candidate",
+           "solrl_explore_step_seconds"),
+    _gauge("regen_step_s", "s", "learner's full-precision seconds per denoising step of one sample",
+           "solrl_regenerate_step_seconds"),
+    _gauge("explore_regen_step_ratio", "none", "explore step price over regeneration step price (Sol-RL gains "
+           "while below 1; the paper's Blackwell FP4: 0.46)"),
     _gauge("sync_s", "s", "learner's publish seconds (encode + send to every node)", "solrl_sync_seconds"),
     _gauge("iteration_s", "s", "learner's seconds for the iteration (regenerate + train)", "solrl_iteration_seconds"),
     _gauge("policy_version", "short", "newest policy version"),

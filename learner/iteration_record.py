@@ -58,6 +58,7 @@ class TrainResult:
     proxy_reward_mean: float | None = None  # the explorers' proxies of the whole pool
     streamed_slots: list[int] | None = None  # regenerated as they arrived, in that order (None: not streamed)
     streamed_rollout_s: float = 0.0
+    step_s: dict[str, float] = field(default_factory=dict)  # explore_step_s / regen_step_s measured on this rank
 
     def metrics(self, work: Work | None = None) -> dict[str, Any]:
         """The update's part of the metrics.jsonl line, with `work` (default: this rank's)."""
@@ -66,7 +67,7 @@ class TrainResult:
         if self.skipped:
             row["skipped"] = True
         row.update(rollout_s=self.rollout_s, train_s=self.train_s, iteration_s=self.iteration_s,
-                   **(work or self.work).as_dict())
+                   **(work or self.work).as_dict(), **self.step_s)
         if self.streamed_slots is not None:  # a learner actor's: the pool came from explorers
             row.update(proxy_reward_mean=self.proxy_reward_mean, streamed_slots=self.streamed_slots,
                        streamed_rollout_s=self.streamed_rollout_s)
@@ -110,4 +111,7 @@ class IterationRecord:
         if self.finished.learner_idle_fraction is not None:
             row["learner_idle_fraction"] = self.finished.learner_idle_fraction
         row["iteration_wall_s"] = self.iteration_wall_s
+        if row.get("explore_step_s") and row.get("regen_step_s"):
+            # Sol-RL pays only while a low-precision step costs less than a full-precision one (0.46 in the paper).
+            row["explore_regen_step_ratio"] = row["explore_step_s"] / row["regen_step_s"]
         return row

@@ -78,7 +78,14 @@ class RankedGroup:
     seeds: list[int]
     proxy: torch.Tensor  # float32 [N]
     policy_version: int
-    seconds: float = 0.0
+    seconds: float = 0.0  # sampling, decoding and scoring
+    sample_s: float = 0.0  # of which denoising (the engine's forwards)
+    sample_steps: int = 0  # sample-steps those took (N · explore steps; fewer with successive halving)
+
+    @property
+    def step_s(self) -> float | None:
+        """Seconds per sample-step of the engine (one denoising step of one candidate); None when unmeasured."""
+        return self.sample_s / self.sample_steps if self.sample_steps else None
 
 
 @dataclass
@@ -90,6 +97,7 @@ class Generated:
     details: dict[str, torch.Tensor] = field(default_factory=dict)
     images: torch.Tensor | None = None  # [B, C, H, W] in [0, 1], when asked for
     seconds: float = 0.0
+    sample_s: float = 0.0  # of `seconds`, denoising (policy.sample)
 
     def take(self, index: torch.Tensor) -> Generated:
         """The rows `index` of every per-sample field."""
@@ -99,7 +107,7 @@ class Generated:
             None if self.rewards is None else self.rewards[index],
             None if self.states is None else [s[index] for s in self.states],
             {k: v[index] for k, v in self.details.items()},
-            None if self.images is None else self.images[index], self.seconds,
+            None if self.images is None else self.images[index], self.seconds, self.sample_s,
         )
 
 
@@ -142,10 +150,18 @@ def generate(
     result = policy.sample(prompts, list(seeds), steps=sampling.steps, solver=sampling.solver,
                            cfg_scale=sampling.cfg_scale, transformer=transformer, return_states=return_states,
                            batch_size=sampling.batch_size, noise_level=sampling.noise_level)
+    sample_s = synchronized_seconds(start, result.x0)
     images = policy.decode(result.x0) if reward is not None or return_images else None
     rewards, details = score(reward, images, prompts, metadata)
     return Generated(list(seeds), result.x0, rewards, result.states, details,
-                     images if return_images else None, time.perf_counter() - start)
+                     images if return_images else None, time.perf_counter() - start, sample_s)
+
+
+def synchronized_seconds(start: float, result: torch.Tensor) -> float:
+    """Seconds since `start` once the device that computed `result` is done (CUDA runs asynchronously)."""
+    if result.is_cuda:
+        torch.cuda.synchronize(result.device)
+    return time.perf_counter() - start
 
 
 def score(reward: Reward | None, images: torch.Tensor | None, prompts: list[str],
@@ -159,26 +175,30 @@ def score(reward: Reward | None, images: torch.Tensor | None, prompts: list[str]
 
 def successive_halving(policy: FlowPolicy, engine: nn.Module | None, reward: Reward, prompt: str,
                        seeds: Sequence[int], sampling: Sampling,
-                       metadata: Metadata | None = None) -> tuple[list[int], torch.Tensor]:
+                       metadata: Metadata | None = None) -> tuple[list[int], torch.Tensor, float]:
     """Adaptive exploration (this project's, not the paper's; docs/benchmarks.md measures it): every seed
     runs the first `f` steps of the explore grid and is scored on its data prediction x̂0 there; the middle
     of that ranking is dropped, and only the M survivors (the M/2 best and M/2 worst: the ones best_worst
     selection can pick) finish the grid and get their final proxy. Cost N·f + M·(S − f) sample-steps
-    instead of N·S. Returns the survivors' seeds (in pool order) and final proxies."""
+    instead of N·S. Returns the survivors' seeds (in pool order), final proxies and denoising seconds."""
     first, survivors = sampling.halving
     prompts, seeds = [prompt] * len(seeds), list(seeds)
     meta = None if metadata is None else [metadata] * len(seeds)
     kwargs = dict(steps=sampling.steps, solver=sampling.solver, cfg_scale=sampling.cfg_scale, transformer=engine,
                   batch_size=sampling.batch_size, noise_level=sampling.noise_level)
+    start = time.perf_counter()
     early = policy.sample(prompts, seeds, span=(0, first), **kwargs)
+    sample_s = synchronized_seconds(start, early.x0)
     early_scores, _ = score(reward, policy.decode(early.x0_prediction), prompts, meta)
     order = torch.argsort(early_scores, descending=True, stable=True)
     kept = torch.cat([order[: survivors // 2], order[len(order) - (survivors - survivors // 2):]]).sort().values
     rows = kept.tolist()
+    start = time.perf_counter()
     late = policy.sample(prompts[: len(rows)], [seeds[i] for i in rows], span=(first, sampling.steps),
                          start=early.x0[kept], **kwargs)
+    sample_s += synchronized_seconds(start, late.x0)
     final, _ = score(reward, policy.decode(late.x0), prompts[: len(rows)], None if meta is None else meta[: len(rows)])
-    return [seeds[i] for i in rows], final
+    return [seeds[i] for i in rows], final, sample_s
 
 
 def explore_group(
@@ -198,7 +218,9 @@ def explore_group(
     schedule only the survivors are kept (`successive_halving`)."""
     if sampling.halving is not None:
         start = time.perf_counter()
-        kept, proxy = successive_halving(policy, engine, reward, prompt, seeds, sampling, metadata)
-        return RankedGroup(iteration, slot, prompt, kept, proxy, policy_version, time.perf_counter() - start)
+        kept, proxy, sample_s = successive_halving(policy, engine, reward, prompt, seeds, sampling, metadata)
+        return RankedGroup(iteration, slot, prompt, kept, proxy, policy_version, time.perf_counter() - start,
+                           sample_s, sampling.pool_steps(len(seeds)))
     out = generate(policy, engine, reward, prompt, seeds, sampling, metadata=metadata)
-    return RankedGroup(iteration, slot, prompt, list(seeds), out.rewards, policy_version, out.seconds)
+    return RankedGroup(iteration, slot, prompt, list(seeds), out.rewards, policy_version, out.seconds, out.sample_s,
+                       sampling.pool_steps(len(seeds)))

@@ -135,6 +135,10 @@ def progress_line(m: dict[str, Any], progress: Progress | None = None) -> str:
     timing = (f"explore {m['explore_s']:.1f}s regen {regen:.1f}s" + (" (streamed)" if m.get("streamed_slots") else "")
               if "explore_s" in m else f"rollout {m['rollout_s']:.1f}s")
     parts.append(f"{timing} train {m['train_s']:.1f}s sync {m.get('sync_s', 0.0):.2f}s")
+    ratio = m.get("explore_regen_step_ratio")
+    if ratio is not None:
+        parts.append(f"step lp/fp {ratio:.2f}" + (" WARNING: a low-precision step costs more than a full-precision "
+                                                   "one, exploration saves nothing (docs/gpu.md)" if ratio > 1 else ""))
     if m.get("dropped_micro_batches"):
         parts.append(f"dropped {m['dropped_micro_batches']} micro-batch(es)")
     if m.get("skipped"):

@@ -59,6 +59,18 @@ class SlotRollout:
         self.engine_version = 0 if engine is not None else None  # the engine starts as the base model
         self._streamed: dict[int, tuple[RankedGroup, Group]] = {}  # slot → (its ranked group, its rollout)
         self._streamed_s = 0.0
+        self._denoising: dict[str, list[float]] = {"explore": [0.0, 0], "regen": [0.0, 0]}  # seconds, sample-steps
+
+    def step_times(self) -> dict[str, float]:
+        """Seconds per sample-step of the local exploration and of the regeneration since the last call
+        (`explore_step_s`, `regen_step_s`; each only when it ran), then starts counting again."""
+        times = {f"{phase}_step_s": seconds / steps for phase, (seconds, steps) in self._denoising.items() if steps}
+        self._denoising = {phase: [0.0, 0] for phase in self._denoising}
+        return times
+
+    def _count(self, phase: str, seconds: float, steps: int) -> None:
+        self._denoising[phase][0] += seconds
+        self._denoising[phase][1] += steps
 
     def load_engine(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """θ_old of `version` into the local engine (the publish step's local half)."""
@@ -77,9 +89,11 @@ class SlotRollout:
     def ranked(self, iteration: int, slot: int, prompt: str, version: int) -> RankedGroup:
         """What an explorer actor returns for one slot, computed with the local engine."""
         seeds = candidate_seeds(self.seed, iteration, slot, self.config.prompts.candidates)
-        return explore_group(self.policy, self._engine(version), self.reward, iteration=iteration, slot=slot,
-                             prompt=prompt, seeds=seeds, sampling=self.explore_sampling, policy_version=version,
-                             metadata=self._metadata(prompt)[0])
+        group = explore_group(self.policy, self._engine(version), self.reward, iteration=iteration, slot=slot,
+                              prompt=prompt, seeds=seeds, sampling=self.explore_sampling, policy_version=version,
+                              metadata=self._metadata(prompt)[0])
+        self._count("explore", group.sample_s, group.sample_steps)
+        return group
 
     def select(self, group: RankedGroup) -> torch.Tensor:
         generator = stream_generator(self.seed, group.iteration, Stream.SELECTION, group.slot)
@@ -88,8 +102,10 @@ class SlotRollout:
     def regenerate(self, prompt: str, seeds: list[int]) -> Generated:
         """The kept seeds, sampled by θ_old in full precision: the samples the update trains on."""
         with self.state.use("old") as model:
-            return generate(self.policy, model, self.reward, prompt, seeds, self.regen_sampling,
-                            return_states=self.needs_states, metadata=self._metadata(prompt))
+            out = generate(self.policy, model, self.reward, prompt, seeds, self.regen_sampling,
+                           return_states=self.needs_states, metadata=self._metadata(prompt))
+        self._count("regen", out.sample_s, len(seeds) * self.regen_sampling.steps)
+        return out
 
     def _pool(self, iteration: int, slot: int, prompt: str, version: int) -> tuple[Generated, Work]:
         """A pool that is trained on (no regeneration): N seeds by the algorithm's pass, full or low precision."""

@@ -135,7 +135,8 @@ class Trainer:
             iteration, self.version, sampled_with, update.skipped, work, batch_scores(self.config, batch),
             update.losses, rollout_s, time.perf_counter() - t0, time.perf_counter() - start,
             proxy_reward_mean=None if not groups else float(torch.cat([g.proxy for g in groups]).mean()),
-            streamed_slots=None if groups is None else streamed, streamed_rollout_s=streamed_s)
+            streamed_slots=None if groups is None else streamed, streamed_rollout_s=streamed_s,
+            step_s=self.rollouts.step_times())
 
     def _whole_batch(self, slots: list[int], mine: list[Group]) -> list[Group]:
         """Every slot's scores in slot order: this rank's groups, with the other ranks' scores gathered

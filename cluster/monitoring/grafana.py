@@ -93,6 +93,12 @@ PANELS = (
           "slowest explorer's: the longer one sets the pace.", "s",
           (Query(f"{sel('solrl_iteration_seconds')}", "learner {{run}}"),
            Query(f"{sel('solrl_explore_seconds')}", "slowest explorer {{run}}"))),
+    Panel("Step price: exploration vs regeneration", "Seconds per denoising step of one sample: the explore "
+          "engine's and the learner's full-precision one, and their ratio (right). Sol-RL gains only while the ratio "
+          "is below 1 (the paper's Blackwell FP4: 0.46); an emulated format sits above it.", "none",
+          (Query(f"{sel('solrl_explore_regen_step_ratio')}", "explore / regenerate {{run}}"),
+           Query(f"{sel('solrl_explore_step_seconds')}", "explore s/step {{run}}"),
+           Query(f"{sel('solrl_regenerate_step_seconds')}", "regenerate s/step {{run}}"))),
     Panel("Policy version and lag", "The learner's newest policy version, each explorer's engine version, and the "
           "largest lag of a trained group (async mode).", "short",
           (Query(f"{sel('solrl_policy_version')}", "learner {{run}}"),

@@ -276,6 +276,9 @@ class Loop:
                       "explore_busy_s": sum(g.seconds for g in groups),  # all explorers' sampling seconds
                       "policy_lag": max((self.version - g.policy_version for g in groups), default=0),
                       "candidates_per_second": sum(len(g.seeds) for g in groups) / max(waited, 1e-9)})
+        steps = sum(g.sample_steps for g in groups)
+        if steps:  # the explorers' engines: seconds per denoising step of one candidate
+            stats["explore_step_s"] = sum(g.sample_s for g in groups) / steps
         wait_learners(self.job.learners, streamed, "regenerate")  # a streamed regeneration's error surfaces here
         return groups, stats
 

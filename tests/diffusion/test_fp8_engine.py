@@ -173,11 +173,28 @@ def test_a_sol_rl_job_exploring_in_torchao_fp8_trains_the_project_fp8_weights(sm
         assert trainer.explore_plan.backend == backend and trainer.explore_plan.linears
         selected = []
         for iteration in range(2):
-            record = trainer.train_iteration(iteration)
-            selected.append(record.metrics()["reward_mean"])
+            metrics = trainer.train_iteration(iteration).metrics()
+            selected.append(metrics["reward_mean"])
+            assert metrics["explore_step_s"] > 0 and metrics["regen_step_s"] > 0  # each phase's price per step
             trainer.publish()
         runs[backend] = (selected, {k: v.detach().clone() for k, v in trainer.state.theta_parameters().items()})
     (ao_rewards, ao_theta), (project_rewards, project_theta) = runs["torchao"], runs["project"]
     assert ao_rewards == project_rewards
     assert ao_theta.keys() == project_theta.keys()
     assert all(torch.equal(ao_theta[k], project_theta[k]) for k in ao_theta)
+
+
+def test_the_iteration_record_prices_a_step_of_each_phase_and_warns_when_exploring_costs_more() -> None:
+    from learner.iteration_record import Finished, IterationRecord, Published, TrainResult, Work
+    from learner.run_log import progress_line
+
+    def row(explore_step_s: float) -> dict:
+        train = TrainResult(0, 1, 0, False, Work(), {"reward_mean": 0.5}, {}, 1.0, 1.0, 2.0,
+                            step_s={"regen_step_s": 0.02})
+        return IterationRecord(train, Work(), Published(1, 0.1), Finished({}), 0,
+                               {"explore_s": 1.0, "explore_step_s": explore_step_s}).row()
+
+    cheap, dear = row(0.01), row(0.03)
+    assert cheap["explore_regen_step_ratio"] == pytest.approx(0.5) and dear["explore_regen_step_ratio"] > 1
+    assert "step lp/fp 0.50" in progress_line(cheap) and "WARNING" not in progress_line(cheap)
+    assert "step lp/fp 1.50 WARNING: a low-precision step costs more" in progress_line(dear)

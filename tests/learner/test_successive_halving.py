@@ -29,7 +29,7 @@ def test_a_span_continues_exactly_where_it_stopped(small_trainer, solver) -> Non
 def test_survivors_are_the_ends_of_the_early_ranking_finished_as_one_pass_would(small_trainer) -> None:
     trainer = small_trainer(*HALVING)
     sampling, prompt, seeds = exploration_sampling(trainer.config), trainer.prompt_set.texts[0], list(range(100, 108))
-    kept, proxy = successive_halving(trainer.policy, None, trainer.reward, prompt, seeds, sampling)
+    kept, proxy, _ = successive_halving(trainer.policy, None, trainer.reward, prompt, seeds, sampling)
     early = trainer.policy.sample([prompt] * 8, seeds, steps=sampling.steps, span=(0, 1))
     early_scores, _ = score(trainer.reward, trainer.policy.decode(early.x0_prediction), [prompt] * 8, None)
     order = torch.argsort(early_scores, descending=True).tolist()
