@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo demo-local test lint bench bench-alignment world clean-venv dashboard-check
+.PHONY: demo demo-local test lint bench bench-alignment world clean-venv dashboard-check gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ dashboard-check: $(STAMP)
 		else echo "dashboard-check needs Debian's$$missing: sudo apt-get install -y$$missing"; exit 2; fi; \
 	fi
 	$(PY) -m cluster.dashboard_check --out runs/dashboard-check
+
+# The prepared GPU check (docs/gpu.md): one GPU, at most 8 minutes, no Ray, TE or network. On a CPU:
+# make gpu-check GPU_CHECK_ARGS="--device cpu --tiny".
+GPU_CHECK_ARGS ?=
+gpu-check: $(STAMP)
+	$(PY) -m bench.gpu_check --out bench/results/gpu_check $(GPU_CHECK_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -4,6 +4,7 @@
         [--objective nft|art] [--iterations N] [--seeds 0,1] [--eval-every 2] [--control] [--art]
         [--set key=value ...] --json FILE [--png FILE]
     python -m bench.convergence --merge A.json B.json ... --json FILE [--png FILE]   # one file per seed → one
+    ... [--costs FILE]   # price the work at measured per-phase costs (bench.gpu_check's costs_<model>.json)
 
 Every run starts from the same base model; run seed s fixes prompts, seeds and noise, so algorithms
 differ only in how they explore and what they train on. Every `--eval-every` iterations the trained
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.plan import PAPER_GPUS, PAPER_ROLLOUT_S, PAPER_SHAPE, paper_costs
+from bench.plan import PAPER_GPUS, PAPER_ROLLOUT_S, PAPER_SHAPE, Costs, load_costs, paper_costs
 from cluster.config.loading import load_config
 from cluster.config.schema import SolRLConfig
 from diffusion.progress import Progress
@@ -53,6 +54,13 @@ PRICES = {"fp_sample_steps": _SD35.regen_s_per_sample_step,
           "lp_sample_steps": _SD35.explore_s_per_sample_step,
           "train_passes": _SD35.train_s_per_sample / (6 * 5)}
 COUNTERS = tuple(PRICES)
+
+
+def prices_from(costs: Costs) -> dict[str, float]:
+    """GPU-seconds per counter from measured per-phase costs (`--costs`, e.g. `bench.gpu_check`'s): a pool's
+    full-precision step is priced as a regeneration step, a training pass as above."""
+    return {"fp_sample_steps": costs.regen_s_per_sample_step, "fp_pool_sample_steps": costs.regen_s_per_sample_step,
+            "lp_sample_steps": costs.explore_s_per_sample_step, "train_passes": costs.train_s_per_sample / (6 * 5)}
 
 
 def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
@@ -81,16 +89,16 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
     return points
 
 
-def modeled_cost(point: dict[str, Any]) -> float:
+def modeled_cost(point: dict[str, Any], prices: dict[str, float] = PRICES) -> float:
     """Σ counter × its price (`PRICES`): modeled GPU-seconds, the same on any machine and under any load."""
-    return sum(point[key] * price for key, price in PRICES.items())
+    return sum(point[key] * price for key, price in prices.items())
 
 
-def add_modeled_cost(runs: dict[str, dict[int, list[dict[str, Any]]]]) -> None:
+def add_modeled_cost(runs: dict[str, dict[int, list[dict[str, Any]]]], prices: dict[str, float] = PRICES) -> None:
     for by_seed in runs.values():
         for points in by_seed.values():
             for p in points:
-                p["modeled_s"] = modeled_cost(p)
+                p["modeled_s"] = modeled_cost(p, prices)
 
 
 def first_reach(points: list[dict[str, Any]], target: float, clock: str) -> float:
@@ -245,14 +253,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--from-json", action="store_true", help="only re-summarize an existing --json")
+    parser.add_argument("--costs", type=Path, default=None, help="per-phase costs (JSON, bench.plan's fields) to "
+                        "price the work at instead of the paper's SD3.5-L Table 5")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                         help="combine earlier result files (e.g. one per run) into --json; no training")
     args = parser.parse_args(argv)
+    prices = prices_from(load_costs(args.costs)) if args.costs else PRICES
     if args.from_json:
-        rereport(args.json, args.png)
+        rereport(args.json, args.png, prices)
         return
     if args.merge:
-        merge(args.merge, args.json, args.png)
+        merge(args.merge, args.json, args.png, prices)
         return
     names = args.runs + ["sol_rl_shuffled"] * args.control + ["sol_rl_art"] * args.art
     unknown = [n for n in names if n not in RUNS]
@@ -269,21 +280,21 @@ def main(argv: list[str] | None = None) -> None:
             print(f"== {name}, run seed {seed}", flush=True)
             runs[name][seed] = run_one(config.model_copy(update={"run": config.run.model_copy(update={"seed": seed})}),
                                        print)
-    report(runs, vars(args), args.json, args.png)
+    report(runs, vars(args), args.json, args.png, prices)
 
 
 def report(runs: dict[str, dict[int, list[dict[str, Any]]]], settings: dict, json_path: Path,
-           png: Path | None) -> None:
+           png: Path | None, prices: dict[str, float] = PRICES) -> None:
     """Modeled time, tables against diffusionnft (and naive_scaling when it ran), the JSON, the PNG."""
-    add_modeled_cost(runs)
+    add_modeled_cost(runs, prices)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     if BASELINE not in runs:  # one run of a larger set: its file is merged with the baseline's later
-        json_path.write_text(json.dumps({"prices_gpu_s": PRICES, "args": _jsonable(settings), "runs": runs},
+        json_path.write_text(json.dumps({"prices_gpu_s": prices, "args": _jsonable(settings), "runs": runs},
                                         indent=1) + "\n")
         print(f"wrote {json_path} (no {BASELINE} run here: merge with one for speedups)")
         return
-    print("modeled GPU time: counted work at the paper's SD3.5-L prices (GPU-s): " +
-          ", ".join(f"{key} {price:.4g}" for key, price in PRICES.items()))
+    print("modeled GPU time: counted work at " + ("the paper's SD3.5-L prices" if prices is PRICES else
+          "the --costs prices") + " (GPU-s): " + ", ".join(f"{key} {price:.4g}" for key, price in prices.items()))
     summaries = {f"vs_{b}": speedups(runs, b) for b in ("diffusionnft", "naive_scaling") if b in runs}
     for name, summary in summaries.items():
         print(f"\nspeedup {name.replace('_', ' ')} (target: its final held-out reward)")
@@ -293,7 +304,7 @@ def report(runs: dict[str, dict[int, list[dict[str, Any]]]], settings: dict, jso
             summaries[f"profile_vs_{baseline}"] = profile = speedup_profile(runs, baseline)
             print(f"\nspeedup vs {baseline.replace('_', ' ')} for targets along its run (mean over seeds)")
             print(format_profile(profile, baseline))
-    json_path.write_text(json.dumps({"prices_gpu_s": PRICES, "args": _jsonable(settings),
+    json_path.write_text(json.dumps({"prices_gpu_s": prices, "args": _jsonable(settings),
                                      "summary": summaries, "runs": runs}, indent=1) + "\n")
     if png:
         plot(runs, png)
@@ -310,7 +321,7 @@ def load_runs(path: Path) -> tuple[dict[str, dict[int, list[dict[str, Any]]]], d
     return {name: {int(seed): pts for seed, pts in by_seed.items()} for name, by_seed in data["runs"].items()}, data
 
 
-def merge(sources: list[Path], json_path: Path, png: Path | None) -> None:
+def merge(sources: list[Path], json_path: Path, png: Path | None, prices: dict[str, float] = PRICES) -> None:
     """One report from several result files, e.g. one invocation per run seed, so a long benchmark
     survives a crash seed by seed. Every algorithm of a seed is costed with that seed's own c."""
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
@@ -327,13 +338,13 @@ def merge(sources: list[Path], json_path: Path, png: Path | None) -> None:
     missing = {name: seeds for name, seeds in missing.items() if seeds}
     if missing:
         raise SystemExit(f"diffusionnft sets each seed's target but has no run for {missing}: merge its runs too")
-    report(runs, {"merged": settings}, json_path, png)
+    report(runs, {"merged": settings}, json_path, png, prices)
 
 
-def rereport(json_path: Path, png: Path | None) -> None:
+def rereport(json_path: Path, png: Path | None, prices: dict[str, float] = PRICES) -> None:
     """Recompute the tables and the PNG from a previous run's JSON (no training)."""
     runs, data = load_runs(json_path)
-    report(runs, data["args"], json_path, png)
+    report(runs, data["args"], json_path, png, prices)
 
 
 if __name__ == "__main__":

@@ -89,3 +89,13 @@ def restart_sync_service() -> Callable:
             time.sleep(0.2)
 
     return restart
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu`-marked tests skip where no CUDA device is (every CI and developer machine here)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (python -m bench.gpu_check runs the gpu-marked tests there)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -24,7 +24,7 @@ def test_cpu_tensors_cannot_travel_by_cuda_ipc():
         export_ipc({"w": torch.zeros(2)})
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU")
+@pytest.mark.gpu
 def test_cuda_ipc_handles_copy_into_preallocated_engine_tensors():
     import pickle
 
@@ -37,3 +37,27 @@ def test_cuda_ipc_handles_copy_into_preallocated_engine_tensors():
     import_ipc(handles, into=target)
     assert torch.equal(target["w"], source["w"])
     assert mp.get_sharing_strategy() in mp.get_all_sharing_strategies()
+
+
+def _receive(handles: dict, out) -> None:
+    """In a second process: open the handles, copy into its own preallocated tensor, report a checksum."""
+    target = {"w": torch.zeros(1 << 20, device="cuda")}
+    import_ipc(handles, into=target)
+    torch.cuda.synchronize()
+    out.put(float(target["w"].double().sum()))
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_weights_reach_another_process():
+    import torch.multiprocessing as mp
+
+    source = {"w": torch.arange(1 << 20, dtype=torch.float32, device="cuda")}
+    context = mp.get_context("spawn")
+    out = context.Queue()
+    reader = context.Process(target=_receive, args=(export_ipc(source), out))
+    reader.start()
+    try:
+        assert out.get(timeout=120) == float(source["w"].double().sum())
+    finally:
+        reader.join(timeout=60)
+    assert reader.exitcode == 0
