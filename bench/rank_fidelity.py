@@ -1,14 +1,16 @@
 """Rank fidelity of low-precision exploration (the paper's Table 8) on any model.
 
     python -m bench.rank_fidelity [--config FILE] [--prompts P] [--n 96] [--explore-steps 6]
-                                  [--train-steps 10] [--precisions nvfp4,nvfp4_w4a16,fp8] --json FILE
+                                  [--train-steps 10] [--precisions nvfp4,nvfp4_w4a16,fp8,fp8:torchao] --json FILE
 
 For P prompts × N seeds: the reference is full precision at train steps (what the learner
 regenerates); each variant samples the same seeds at explore steps — full precision
 (`none_explore_steps`, the step effect alone) and every low precision (step + quantization effect).
 Per prompt it compares the variant's rewards with the reference's: Spearman ρ, Kendall τ, top-K and
 bottom-K hit rates (|top-K(variant) ∩ top-K(reference)| / K; `learner.fidelity`), then averages over
-prompts. With several rewards configured, each one's ranking is measured too (the paper reports ρ per
+prompts. A precision may name its backend (``fp8:torchao``: the real FP8 engine, torchao's E4M3 GEMMs, run on
+the CPU by its reference kernel; the others run the configured backend, the project's fake quantization on a
+CPU). With several rewards configured, each one's ranking is measured too (the paper reports ρ per
 reward), from the one set of samples. `bench.demo` prints a short version first.
 """
 
@@ -93,11 +95,14 @@ def measure(
                       "saturated_fraction": float((reference > -0.01).mean())}
     }
     explore = dataclasses.replace(exploration_sampling(config), steps=explore_steps)
-    for name, precision in [("none_explore_steps", "none")] + [(p, p) for p in precisions]:
+    for variant in ["none", *precisions]:
+        precision, _, backend = variant.partition(":")
+        name = "none_explore_steps" if variant == "none" else variant.replace(":", "_")
         engine = None
         if precision != "none":
             # An explicit format on purpose: this measures fidelity, so emulation is what is asked for.
-            study = config.explore.model_copy(update={"precision": precision, "allow_emulation": True})
+            study = config.explore.model_copy(update={"precision": precision, "allow_emulation": True,
+                                                      "backend": backend or config.explore.backend})
             engine = ExploreEngine(policy, study).module
         proxy, proxy_components, seconds = sample_rewards(policy, reward, prompts, n, seed, explore,
                                                           transformer=engine, components=components,
@@ -146,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=96)
     parser.add_argument("--explore-steps", type=int, default=6)
     parser.add_argument("--train-steps", type=int, default=10)
-    parser.add_argument("--precisions", type=lambda s: s.split(","), default=list(QUANTIZED_PRECISIONS))
+    parser.add_argument("--precisions", type=lambda s: s.split(","), default=[*QUANTIZED_PRECISIONS, "fp8:torchao"],
+                        help="precisions, each optionally with its backend (fp8:torchao)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
