@@ -127,3 +127,22 @@ def test_the_memory_row_compares_each_actor_with_its_gpu_share():
     on_cpu = memory_row(load_config("configs/embedded.yaml"), model, family, params, gpu_gib=1e-6)
     assert on_cpu.ok and on_cpu.detail.endswith("not compared: no actor takes a GPU")
     assert memory_row(config, model, family, params).detail.endswith("not compared with a GPU's memory (no GPU here)")
+
+
+def test_the_backend_row_says_what_the_explorers_gpu_will_run():
+    from tiny import tiny_config
+
+    from cluster.check import backend_row, with_engine
+    from diffusion.quant import DeviceFacts
+
+    hopper = DeviceFacts((9, 0), te=False, torchao=True)
+    row, choice = backend_row(tiny_config(), hopper, "a GPU of the cluster: H200")
+    assert row.ok is True
+    assert row.detail == "auto → fp8 on torchao: real FP8 GEMMs on sm_90 (a GPU of the cluster: H200)"
+    assert with_engine(tiny_config(), choice).explore.precision == "fp8"  # the plan and sync estimate follow it
+    row, choice = backend_row(tiny_config("explore.precision=nvfp4"), hopper, "H200")
+    assert row.ok is False and choice is None
+    assert "nvfp4 emulated by the modelopt backend's fake quantization on sm_90" in row.detail
+    assert "fp8 runs real FP8 GEMMs here" in row.detail and "explore.allow_emulation=true" in row.detail
+    row, choice = backend_row(tiny_config("explore.precision=nvfp4", "explore.allow_emulation=true"), hopper, "H200")
+    assert row.ok is None and choice.emulated  # a warning: it runs, slower than BF16

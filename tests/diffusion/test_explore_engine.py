@@ -217,7 +217,8 @@ def test_plan_follows_the_family_unless_the_config_overrides(embedded_policy) ->
 
 def test_precision_none_is_a_plain_copy(embedded_policy) -> None:
     engine = ExploreEngine(embedded_policy, ExploreConfig(precision="none"))
-    assert engine.plan == ExplorePlan("none", "none", (), (), ())
+    bf16 = "BF16 exploration (a full-precision copy) on CPU"
+    assert engine.plan == ExplorePlan("none", "none", (), (), (), summary=bf16)
     assert engine.module is not embedded_policy.transformer and runtime_backend(engine.module) is None
     inputs = sd3_inputs(embedded_policy)
     with torch.no_grad():
