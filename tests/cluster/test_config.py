@@ -188,6 +188,12 @@ def test_launch_refuses_a_bad_config_before_ray_starts(capsys, tmp_path):
     assert not ray.is_initialized() and not (tmp_path / "r").exists()
     assert launch.main(["--resume", str(tmp_path / "nothing")]) == 2
     assert "no config.yaml there" in capsys.readouterr().err
+    # A format this CPU can only emulate, asked for by name: refused in the backend row, nothing started.
+    assert launch.main(["--set", "explore.precision=fp8", "--run-dir", str(tmp_path / "e")]) == 2
+    out = capsys.readouterr().out
+    refused = [line for line in out.splitlines() if line.startswith("FAIL  backend")]
+    assert len(refused) == 1 and "explore.allow_emulation=true" in refused[0]
+    assert not ray.is_initialized() and not (tmp_path / "e").exists()
 
 
 def test_print_config_shows_the_resolved_config_and_starts_nothing(tmp_path, capsys, monkeypatch):
