@@ -82,6 +82,18 @@ def test_lora_codec_changes_nothing(local_ray, tmp_path, reference_weights):
     assert all("rank_spearman" in m for m in history)
 
 
+def test_explorers_on_the_real_fp8_engine_train_the_project_fp8_weights(local_ray, tmp_path):
+    """The job with its explorers on torchao's FP8 engine trains bitwise the weights of the single process
+    exploring with the project's FP8 fake quantization (same E4M3 codes, so the same seeds are kept), and
+    each iteration records the step price of both phases."""
+    fp8 = ("explore.precision=fp8", "explore.allow_emulation=true")
+    weights, history = run_job(config(*fp8, "explore.backend=torchao"), tmp_path / "torchao")
+    assert_same(weights, single_process(config(*fp8, "explore.backend=project")))
+    for m in history:
+        assert m["explore_step_s"] > 0 and m["regen_step_s"] > 0
+        assert m["explore_regen_step_ratio"] == m["explore_step_s"] / m["regen_step_s"]
+
+
 def test_a_multi_reward_served_by_a_scorer_actor_changes_nothing(local_ray, tmp_path):
     """Explorers and the learner send their images to a RewardScorer actor, which holds both reward
     models; the weighted sum is taken by the callers. Same weights as scoring in process."""
