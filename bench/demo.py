@@ -54,14 +54,15 @@ def main(argv: list[str] | None = None) -> None:
     args.run_dir.mkdir(parents=True, exist_ok=True)
 
     trainer = Trainer(config, run_dir=args.run_dir)
-    print(f"model {config.model.path} ({trainer.policy.family.name}); explore {config.explore.precision} × "
+    precision = trainer.explore_plan.precision  # what `explore.precision` (auto: the device's choice) resolved to
+    print(f"model {config.model.path} ({trainer.policy.family.name}); explore {precision} × "
           f"{config.explore.steps} steps, {config.prompts.candidates} seeds per prompt; learner full precision × "
           f"{config.sampler.steps} steps on {config.prompts.keep} kept seeds; objective {config.learner.objective}")
 
     print(f"\n1. rank fidelity, {args.fidelity_prompts} prompts × 96 seeds "
           f"(python -m bench.rank_fidelity for the full table):")
     fidelity = measure(config, trainer.policy, trainer.reward, args.fidelity_prompts, 96, config.explore.steps,
-                       config.sampler.steps, [config.explore.precision])
+                       config.sampler.steps, [precision])
     print(format_table(fidelity))
 
     print(f"\n2. Sol-RL, {args.iterations} iterations × {config.prompts.per_iteration} prompts:")
