@@ -141,6 +141,17 @@ def backend_row(config: SolRLConfig, device: DeviceFacts, where: str) -> tuple[R
                f"{choice.summary} ({where})"), choice
 
 
+def resolved_precision(config: SolRLConfig) -> str:
+    """The explore precision `config` names; `auto` (a config not passed through `with_engine`) as this
+    machine would resolve it."""
+    from diffusion.quant import choose_engine, device_facts
+
+    if config.explore.precision != "auto":
+        return config.explore.precision
+    return choose_engine("auto", "auto", device_facts(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+                         ).precision
+
+
 def with_engine(config: SolRLConfig, choice: EngineChoice | None) -> SolRLConfig:
     """`config` with the explore precision and backend the choice resolved (what the plan and the weight-sync
     estimate are of); unchanged when nothing was chosen."""
@@ -163,9 +174,9 @@ def plan_row(config: SolRLConfig, model: nn.Module, family) -> Row:
     low = sum(model.get_submodule(n).weight.numel() for n in chosen)
     total = sum(p.numel() for p in model.parameters())
     detail = (f"{len(layers.linears)} of {linears} Linears" + (f" and {len(layers.convs)} 1×1 convs" if layers.convs
-              else "") + f" in {config.explore.precision}: {low / 1e6:.1f} M of {total / 1e6:.1f} M transformer "
+              else "") + f" in {resolved_precision(config)}: {low / 1e6:.1f} M of {total / 1e6:.1f} M transformer "
               f"parameters ({low / max(total, 1):.0%})")
-    return Row("plan", bool(chosen) or config.explore.precision == "none", detail if chosen else
+    return Row("plan", bool(chosen) or resolved_precision(config) == "none", detail if chosen else
                detail + "; nothing would run in low precision: lower explore.min_dim or shorten explore.skip")
 
 
@@ -322,7 +333,7 @@ def snapshot_estimate(config: SolRLConfig, model: nn.Module, family) -> tuple[st
     from weight_sync.codecs import Entry, Manifest
     from weight_sync.shm import slot_bytes
 
-    quant, precision = family.quant, config.explore.precision
+    quant, precision = family.quant, resolved_precision(config)
     quantized: tuple[str, ...] = ()
     if precision in NVFP4_WEIGHT_PRECISIONS:
         layers = eligible_layers(model, skip=tuple(quant.skip if config.explore.skip is None else config.explore.skip),
