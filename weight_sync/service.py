@@ -16,7 +16,9 @@ actor, so readers are served while a publish waits for its object.
 On the learner's own node the snapshot skips the object store: the service owns a two-slot shared-memory
 region (`weight_sync.shm`; `region(nbytes)` creates or grows it), the learner writes each snapshot into
 it once, and readers map it and verify a sequence number after reading. `latest`/`get` then answer a
-marker `{"shm": region name, "version": v}` instead of an object reference. A region /dev/shm has no room
+marker `{"shm": region name, "version": v}` instead of an object reference — also for the version the
+learner is writing at that moment, so a reader follows the write chunk by chunk instead of waiting for
+its end (`version()` and the `newest` of `get` count complete snapshots only). A region /dev/shm has no room
 for (its free space is checked first, and the region's pages are reserved when it is made) is not made:
 `region` warns, naming /dev/shm and the sizes, and answers None, and the learner sends that node's
 snapshots through the object store like any other node's. The region is named after
@@ -113,6 +115,9 @@ class WeightSyncService:
     def _shm_versions(self) -> tuple[int, int]:
         return self._region.versions() if self._region is not None else (-1, -1)
 
+    def _shm_writing(self) -> int:
+        return self._region.writing() if self._region is not None else -1
+
     def _marker(self, version: int) -> dict:
         return {"shm": self._region.name, "version": version}  # type: ignore[union-attr]
 
@@ -155,10 +160,11 @@ class WeightSyncService:
 
     def latest(self, after: int = -1) -> tuple[int, dict | None, list[ray.ObjectRef]]:
         """The newest snapshot if its version is greater than `after`, else (version, None, []).
-        A snapshot in the region comes as (version, {"shm": name, "version": version}, [])."""
+        A snapshot in the region comes as (version, {"shm": name, "version": version}, []); one being
+        written into it counts as the newest (its reader follows the write)."""
         with self._lock:
             stored = max(self._snapshots, default=-1)
-            shm = self._shm_versions()[0]
+            shm = max(self._shm_versions()[0], self._shm_writing())
             newest = max(stored, shm)
             if newest <= after:
                 return newest, None, []
@@ -169,14 +175,16 @@ class WeightSyncService:
 
     def get(self, version: int) -> tuple[int, dict | None, list[ray.ObjectRef]]:
         """(newest version, snapshot `version` if still held else None, [its ref]): async explorers load
-        exactly the version they were asked for, even after a newer one arrived."""
+        exactly the version they were asked for, even after a newer one arrived — or while the learner
+        is still writing it into the region (its reader follows the write; `newest` counts it only once
+        it is complete)."""
         with self._lock:
             shm = self._shm_versions()
             newest = max(max(self._snapshots, default=-1), shm[0])
             if version in self._snapshots:
                 manifest, ref = self._snapshots[version]
                 return newest, manifest, [ref]
-            if version >= 0 and version in shm:
+            if version >= 0 and (version in shm or version == self._shm_writing()):
                 return newest, self._marker(version), []
             return newest, None, []
 

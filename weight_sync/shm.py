@@ -1,4 +1,4 @@
-"""Node-local weight sync through POSIX shared memory: one write by the learner, zero-copy maps in readers.
+"""Node-local weight sync through POSIX shared memory: one write by the learner, readers that follow it.
 
 Precedent: torchforge keeps versioned weights in POSIX shared memory for co-located readers;
 checkpoint-engine, slime and verl move full weights GPU to GPU (CUDA IPC on a node, NCCL broadcast
@@ -7,8 +7,8 @@ the path between nodes.
 
 Region layout (one per node and job, created and unlinked by the node's WeightSyncService):
 
-    header (4 KiB): int64 words — magic, seq, active slot, closed flag, slot capacity,
-                    per slot: version, manifest bytes, payload bytes
+    header (4 KiB): int64 words — magic, seq, active slot, closed flag, slot capacity, slot being written,
+                    version being written; per slot: version, manifest bytes, payload bytes, progress
     slot 0, slot 1: manifest JSON (array offsets, shapes, dtypes), then each array 64-byte aligned
 
 Size: `region_bytes(n)` for snapshots of n bytes (`slot_bytes`): the header and two slots of n + n/8 each
@@ -17,23 +17,36 @@ than its free space would be made and then kill its writer with SIGBUS: `region_
 the preflight) compares the size with the free space first, and `Region.create` reserves every page
 (posix_fallocate), which fails with ENOSPC instead.
 
-Protocol — a seqlock over two slots, one writer at a time (the learner):
+Protocol — a seqlock over two slots, one writer at a time (the learner), pipelined by a per-slot progress
+word so that a reader copies chunk k while the writer fills chunk k+1:
 
-    writer: seq ← base+1 (odd) · write the inactive slot · set its header words · active ← it · seq ← base+2
-    reader: s1 ← seq · read slot (active, or the other one for an older version) · s2 ← seq
-            accept iff the slot cannot have been rewritten meanwhile, else retry
+    writer: progress[T] ← 0 · writing ← (T, v) · seq ← base+1 (odd)   (T: the inactive slot)
+            manifest · progress[T] ← its end · per chunk: copy it · progress[T] ← its end
+            version[T] ← v · active ← T · seq ← base+2
+    reader: s1 ← seq · pick a slot and its limit (below) · per array: wait until progress covers
+            it, copy it (into the caller's destination, or hand the mapped view over) · s2 ← seq
+            accept iff s2 ≤ limit (the slot cannot have been rewritten meanwhile), else retry
 
-The active slot is rewritten by the second publish after the one that made it active, so a reader of
-the active slot accepts iff s2 − even(s1) ≤ 2; a reader of the inactive slot iff s1 is even and
-s2 = s1 (the very next publish rewrites it). Without the check readers do get torn snapshots; the
-stress test in tests/weight_sync/test_shm.py counts the overtaken reads it retries (docs/benchmarks.md,
-"Weight sync and the cluster", has the counts).
-Readers *consume* the mapped arrays (decode, copy into the engine) before the check, then accept or
-redo, so nothing torn is ever used: the engine is only trusted after an accepted read.
+A slot is rewritten only by the second write after the one that filled it, so the limits are: following
+the write in progress (s1 odd, slot T): s1 + 3 (that write ends at s1 + 1, the next one fills the other
+slot, the one after that starts at s1 + 4 on T); the active slot: even(s1) + 2; the inactive slot (an
+older version, s1 even): s1 (the very next write rewrites it). Every progress word a reader uses is
+checked against seq right after it is loaded: progress belongs to the write of seq s1 while seq still
+reads s1 (progress[T] is reset before seq turns odd, so no older write's count survives into s1), and
+once seq has moved on but not past the limit, that write is finished and every byte of it is in place.
+Without the check readers do get torn snapshots; the stress tests in tests/weight_sync/test_shm.py count
+the overtaken reads they retry (docs/benchmarks.md, "Weight sync and the cluster", has the counts).
+Readers *consume* what they read (copy into the engine, decode) before the final check, then accept or
+redo, so nothing torn is ever used: the engine is only trusted after an accepted read, and a retry
+overwrites every destination.
 
-Header words are aligned 8-byte stores (atomic on x86-64 and aarch64). Ordering relies on the CPU not
-reordering loads with loads nor stores with stores (x86-TSO); on weakly ordered CPUs (aarch64) keep
-the manifest's CRC-32 checksums on (WeightPublisher(checksums=True)) as a second guard.
+Memory ordering: header words are aligned 8-byte stores (atomic on x86-64 and aarch64). The writer
+stores a chunk's bytes, then its progress; the reader loads progress, then the bytes — correct when
+stores are not reordered with stores nor loads with loads (x86-TSO), and each copy has returned (its
+threads joined, glibc's non-temporal stores fenced) before the next header store. `_fence` adds an
+atomic read-modify-write between them (a full barrier on x86-64, where it also drains non-temporal
+stores); Python has no portable fence, so on weakly ordered CPUs (aarch64) keep the manifest's CRC-32
+checksums on (WeightPublisher(checksums=True)) as a second guard.
 
 Python's `multiprocessing.shared_memory` registers every segment it opens with a resource tracker
 that unlinks it when that process exits (Python < 3.13 has no `track=False`). That is wrong for writers
@@ -46,28 +59,60 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Generator, Mapping
 from multiprocessing import resource_tracker, shared_memory
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+import torch
 
-MAGIC = 0x534F4C52_4C575331  # "SOLRLWS1"
+MAGIC = 0x534F4C52_4C575332  # "SOLRLWS2": the pipelined layout (a region of the unpipelined one reads as foreign)
 HEADER = 4096
 ALIGN = 64
 PREFIX = "solrl_ws_"
 SHM_FOLDER = "/dev/shm"  # where Linux keeps POSIX shared memory (a tmpfs): the regions' room
-_MAGIC, _SEQ, _ACTIVE, _CLOSED, _CAPACITY = range(5)
-_VERSION, _MANIFEST, _PAYLOAD = 8, 10, 12  # + slot index
+CHUNK = 4 * 2**20  # the writer publishes its progress every CHUNK bytes: how far a follower trails it
+_MAGIC, _SEQ, _ACTIVE, _CLOSED, _CAPACITY, _WSLOT, _WVERSION = range(7)
+_VERSION, _MANIFEST, _PAYLOAD, _PROGRESS = 8, 10, 12, 14  # + slot index
 
 T = TypeVar("T")
 
 
 class TornRead(RuntimeError):
-    """A read the writer overtook; retried by `read`, raised only when every retry was overtaken."""
+    """A read the writer overtook; retried by `read`/`read_into`, raised only when every retry was overtaken."""
+
+
+class _Overtaken(Exception):
+    """Raised inside a read as soon as seq has passed the read's limit: the slot is being rewritten."""
+
+
+class _Stalled(Exception):
+    """Raised inside a read that follows a write whose progress stood still for `stall_s` (a dead writer)."""
+
+
+class Sink(Protocol):
+    """Where `Region.read_into` puts a snapshot, array by array, in the order the writer wrote them.
+
+    begin(manifest, layout) is called once the manifest is in place (`layout`: each array's shape and
+    dtype) and answers destinations by key: a writable, contiguous numpy array or torch tensor (any
+    device) of exactly that array's bytes, into which the region copies it chunk by chunk as the writer
+    publishes them; keys without one are only waited for. arrived(key, view) follows once the whole array
+    is in place (and copied), with a read-only view of it in the region; end() after the last one. All of
+    this runs before the read is accepted: a read found overtaken afterwards starts again with begin, and
+    its destinations get every byte again. The views are valid only until the call returns.
+    """
+
+    def begin(self, manifest: dict, layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Mapping[str, Any]: ...
+
+    def arrived(self, key: str, view: np.ndarray) -> None: ...
+
+    def end(self) -> None: ...
 
 
 def region_prefix(tag: str, node_id: str) -> str:
@@ -223,6 +268,7 @@ class Region:
         self.header = np.ndarray((64,), dtype=np.int64, buffer=shm.buf)
         self.capacity = int(self.header[_CAPACITY])
         self.torn = 0  # reads this process retried because the writer overtook them
+        self.followed = 0  # accepted reads that began while their version was still being written
 
     @classmethod
     def create(cls, name: str, capacity: int) -> Region:
@@ -240,7 +286,7 @@ class Region:
         _OWNED.add(shm.name)
         header = np.ndarray((64,), dtype=np.int64, buffer=shm.buf)
         header[:] = 0
-        header[_VERSION], header[_VERSION + 1] = -1, -1
+        header[_VERSION], header[_VERSION + 1], header[_WVERSION] = -1, -1, -1
         header[_CAPACITY] = capacity
         header[_MAGIC] = MAGIC
         del header
@@ -261,18 +307,40 @@ class Region:
         return bool(self.header[_CLOSED])
 
     def versions(self) -> tuple[int, int]:
-        """(newest, other slot's) versions; -1 where none."""
+        """(newest, other slot's) versions of the complete snapshots; -1 where none."""
         active = int(self.header[_ACTIVE])
         return int(self.header[_VERSION + active]), int(self.header[_VERSION + 1 - active])
+
+    def writing(self) -> int:
+        """The version being written now (readers can follow it: `read_into`); -1 when no write is."""
+        header = self.header
+        seq = int(header[_SEQ])
+        version = int(header[_WVERSION])
+        return version if seq & 1 and int(header[_SEQ]) == seq else -1
 
     def _slot(self, index: int) -> int:
         return HEADER + index * self.capacity
 
     # -- writer -----------------------------------------------------------------------------------
-    def write(self, manifest: dict, arrays: Mapping[str, np.ndarray]) -> int:
+    def write(self, manifest: dict, arrays: Mapping[str, np.ndarray], chunk: int = CHUNK) -> int:
         """Write a snapshot into the inactive slot and make it active; the bytes written. A version not
-        newer than the newest held is ignored (0 bytes): versions only increase, retries are idempotent."""
-        if int(manifest["version"]) <= self.versions()[0]:
+        newer than the newest held is ignored (0 bytes): versions only increase, retries are idempotent.
+        Progress is published every `chunk` bytes, so readers copy what is written while the rest is."""
+        steps = self.write_steps(manifest, arrays, chunk)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                return int(stop.value)
+
+    def write_steps(self, manifest: dict, arrays: Mapping[str, np.ndarray],
+                    chunk: int = CHUNK) -> Generator[int, None, int]:
+        """`write`, one step per published progress (the manifest, then each chunk): each step yields the
+        slot's bytes in place so far; the generator's value is what `write` answers. Stepping it by hand
+        lets a test put a reader at an exact point of a write; a generator dropped halfway is a writer
+        that died mid-write (the next write skips past it)."""
+        version = int(manifest["version"])
+        if version <= self.versions()[0]:
             return 0
         layout, offset = {}, 0
         for key, array in arrays.items():
@@ -284,73 +352,162 @@ class Region:
             raise ValueError(f"snapshot of {start + offset} bytes exceeds the slot capacity {self.capacity}")
         header = self.header
         seq = int(header[_SEQ])
-        base = seq + (seq & 1)  # an odd seq: a writer died mid-write; its slot was never made active
+        # An odd seq: a writer died mid-write into the inactive slot, which this write fills again; it starts
+        # at seq + 4, past the limit (seq + 3) of any reader still following the dead write.
+        base = seq + 3 if seq & 1 else seq
         target = 1 - int(header[_ACTIVE])
+        header[_PROGRESS + target] = 0  # before seq turns odd: no count of an older write survives into it
+        header[_WSLOT] = target
+        header[_WVERSION] = version
+        _fence()
         header[_SEQ] = base + 1
+        _fence()
         slot = self._slot(target)
         buf = self.shm.buf
         buf[slot:slot + len(meta)] = meta
-        data = slot + start
-        for key, array in arrays.items():
-            src = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            dst = np.ndarray(src.shape, np.uint8, buffer=buf, offset=data + layout[key][0])
-            _copy(dst, src)
-        header[_VERSION + target] = int(manifest["version"])
         header[_MANIFEST + target] = len(meta)
         header[_PAYLOAD + target] = offset
+        _fence()
+        header[_PROGRESS + target] = start
+        yield start
+        for key, array in arrays.items():
+            src = _bytes(np.ascontiguousarray(array))
+            at = start + layout[key][0]
+            dst = _bytes(np.ndarray((array.nbytes,), np.uint8, buffer=buf, offset=slot + at))
+            for a in range(0, array.nbytes, chunk):
+                b = min(array.nbytes, a + chunk)
+                dst[a:b].copy_(src[a:b])
+                _fence()  # the chunk's bytes before the progress that announces them
+                header[_PROGRESS + target] = at + b
+                yield at + b
+        header[_VERSION + target] = version
         header[_ACTIVE] = target
+        _fence()
         header[_SEQ] = base + 2
         return start + offset
 
     # -- reader -----------------------------------------------------------------------------------
     def read(self, consume: Callable[[dict, dict[str, np.ndarray]], T], version: int | None = None,
-             retries: int = 100) -> tuple[int, T] | None:
+             retries: int = 100, stall_s: float = 10.0) -> tuple[int, T] | None:
         """`consume(manifest_json, arrays)` over the mapped, read-only arrays of the newest snapshot (or
-        of `version`; None if no slot holds it), accepted only if the writer did not overtake it — else
-        retried. Arrays are views into the region: consume must copy what it keeps."""
+        of `version`; None if no slot holds it and it is not being written), once every array is in place,
+        accepted only if the writer did not overtake it — else retried. Arrays are views into the region:
+        consume must copy what it keeps. A snapshot being written is followed (`read_into`)."""
+        sink = _Collect(consume)
+        held = self.read_into(sink, version, retries=retries, stall_s=stall_s)
+        return None if held is None else (held, sink.result)
+
+    def read_into(self, sink: Sink, version: int | None = None, retries: int = 100,
+                  stall_s: float = 10.0) -> int | None:
+        """Stream the newest snapshot (or `version`) into `sink` (see `Sink`); the version accepted, or
+        None when no slot holds that version and it is not being written. A snapshot still being
+        written is followed: each chunk is copied as soon as the writer has published it. When that
+        write makes no progress for `stall_s` (its writer died), the read falls back to the newest
+        complete snapshot (None if `version` asked for the stalled one). Overtaken reads are retried
+        (`torn` counts them) and raise TornRead after `retries` in a row.
+
+        None can come after a retry had already written into the destinations: a caller that gave
+        destinations must treat them as undefined unless a version is returned."""
         header = self.header
+        stalled = -1
         for _ in range(retries):
-            s1 = int(header[_SEQ])
-            active = int(header[_ACTIVE])
-            if version is None or int(header[_VERSION + active]) == version:
-                slot, limit = active, (s1 & ~1) + 2
-            elif int(header[_VERSION + 1 - active]) == version:
-                if s1 & 1:
-                    return None  # being rewritten now
-                slot, limit = 1 - active, s1
-            else:
+            found = self._locate(version, stalled)
+            if found is None:
                 return None
-            held = int(header[_VERSION + slot])
-            if held < 0:
-                return None
+            s1, slot, limit, held, following = found
             try:
-                result = self._consume(slot, consume)
+                self._stream(sink, s1, slot, limit, following, stall_s)
+            except _Overtaken:
+                pass
+            except _Stalled:
+                stalled = s1
+                continue
             except Exception:
                 if int(header[_SEQ]) <= limit:
                     raise  # not torn: a real error
-                result = None
-            if int(header[_SEQ]) <= limit and int(header[_VERSION + slot]) == held:
-                return held, result  # type: ignore[return-value]
+            else:
+                if int(header[_SEQ]) <= limit and (following or int(header[_VERSION + slot]) == held):
+                    self.followed += following
+                    return held
             self.torn += 1
             time.sleep(0)
         raise TornRead(f"{retries} reads of region {self.name} in a row were overtaken by the writer")
 
-    def _consume(self, slot: int, consume: Callable[[dict, dict[str, np.ndarray]], T]) -> T:
-        base = self._slot(slot)
-        length = int(self.header[_MANIFEST + slot])
+    def _locate(self, version: int | None, stalled: int) -> tuple[int, int, int, int, bool] | None:
+        """(s1, slot, limit, version held, following) for reading `version` (None: the newest) now."""
+        header = self.header
+        while True:
+            s1 = int(header[_SEQ])
+            if s1 & 1:
+                slot, writing = int(header[_WSLOT]), int(header[_WVERSION])
+                if int(header[_SEQ]) != s1:
+                    continue  # a write ended or began between the loads: look again
+                if s1 != stalled and (version is None or version == writing):
+                    return s1, slot, s1 + 3, writing, True
+                done = 1 - slot  # the active slot, complete: rewritten by the write after this one
+                held = int(header[_VERSION + done])
+                if held < 0 or (version is not None and version != held):
+                    return None
+                return s1, done, s1 + 1, held, False
+            active = int(header[_ACTIVE])
+            newest, older = int(header[_VERSION + active]), int(header[_VERSION + 1 - active])
+            if version is None or version == newest:
+                slot, limit, held = active, s1 + 2, newest
+            elif version == older:
+                slot, limit, held = 1 - active, s1, older
+            else:
+                return None
+            return None if held < 0 else (s1, slot, limit, held, False)
+
+    def _stream(self, sink: Sink, s1: int, slot: int, limit: int, following: bool, stall_s: float) -> None:
+        header, buf, base = self.header, self.shm.buf, self._slot(slot)
+        last, since = -1, 0.0
+
+        def ready(need: int) -> int:
+            """The slot's bytes in place once at least `need` are (all: the capacity, once the write ended).
+            Progress is loaded before seq: if seq still reads s1, the progress was this write's."""
+            nonlocal last, since
+            while True:
+                progress = int(header[_PROGRESS + slot]) if following else self.capacity
+                _fence()
+                seq = int(header[_SEQ])
+                if seq > limit:
+                    raise _Overtaken
+                if seq != s1 or progress >= need:
+                    return self.capacity if seq != s1 else progress
+                now = time.monotonic()
+                if progress != last:
+                    last, since = progress, now
+                elif now - since > stall_s:
+                    raise _Stalled
+                time.sleep(0)  # yield the core: on a busy machine the writer may need it
+
+        ready(1)  # the manifest (progress > 0)
+        length = int(header[_MANIFEST + slot])
         if not 0 < length <= self.capacity:
             raise TornRead("manifest length out of range")
-        meta = json.loads(bytes(self.shm.buf[base:base + length]))
-        data = base + _align(length)
-        arrays = {}
-        for key, (offset, shape, dtype) in meta["layout"].items():
-            array = np.ndarray(tuple(shape), np.dtype(dtype), buffer=self.shm.buf, offset=data + offset)
-            array.flags.writeable = False
-            arrays[key] = array
-        try:
-            return consume(meta["manifest"], arrays)
-        finally:
-            del arrays
+        meta = json.loads(bytes(buf[base:base + length]))
+        data = _align(length)
+        items = [(key, data + offset, tuple(shape), np.dtype(dtype))
+                 for key, (offset, shape, dtype) in meta["layout"].items()]
+        destinations = sink.begin(meta["manifest"], {key: (shape, dtype) for key, _, shape, dtype in items})
+        for key, at, shape, dtype in items:
+            nbytes = math.prod(shape) * dtype.itemsize
+            view = np.ndarray(shape, dtype, buffer=buf, offset=base + at)
+            view.flags.writeable = False
+            target = destinations.get(key)
+            if target is not None:
+                dst, src = _bytes(target, nbytes, key), _bytes(view)
+                done = 0
+                while done < nbytes:
+                    upto = min(nbytes, ready(at + done + 1) - at)
+                    dst[done:upto].copy_(src[done:upto])
+                    done = upto
+            elif nbytes:
+                ready(at + nbytes)
+            sink.arrived(key, view)
+            del view
+        sink.end()
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -368,15 +525,55 @@ class Region:
             self.shm.unlink()  # also unregisters it from this process's resource tracker
 
 
-def _copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """Large copies through torch: its copy runs on several threads (numpy's on one)."""
-    import warnings
+class _Collect:
+    """The sink behind `Region.read`: no destinations; consume runs over the mapped views at the end."""
 
-    import torch
+    def __init__(self, consume: Callable[[dict, dict[str, np.ndarray]], Any]) -> None:
+        self.consume = consume
+        self.result: Any = None
+        self._manifest: dict = {}
+        self._arrays: dict[str, np.ndarray] = {}
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only sources: torch only reads them
-        torch.from_numpy(dst).copy_(torch.from_numpy(src))
+    def begin(self, manifest: dict, layout: dict) -> Mapping[str, Any]:
+        self._manifest, self._arrays = manifest, {}
+        return {}
+
+    def arrived(self, key: str, view: np.ndarray) -> None:
+        self._arrays[key] = view
+
+    def end(self) -> None:
+        try:
+            self.result = self.consume(self._manifest, self._arrays)
+        finally:
+            self._arrays = {}  # the views must not outlive the read: the region cannot close under them
+
+
+_BARRIER = threading.Lock()
+
+
+def _fence() -> None:
+    """An atomic read-modify-write (an uncontended lock taken and given back): on x86-64 a locked
+    instruction, a full memory barrier; Python exposes no fence of its own (see the module's docstring)."""
+    _BARRIER.acquire()
+    _BARRIER.release()
+
+
+def _bytes(array: np.ndarray | torch.Tensor, nbytes: int | None = None, key: str = "") -> torch.Tensor:
+    """A flat uint8 tensor over `array`'s own memory (no copy): torch's copy_ moves the bytes (it runs on
+    torch's threads where numpy's runs on one, and reaches tensors on any device)."""
+    if isinstance(array, np.ndarray):
+        if not array.flags.c_contiguous:
+            raise ValueError(f"destination for {key!r} is not contiguous")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only sources: torch only reads them
+            flat = torch.from_numpy(array.reshape(-1).view(np.uint8))
+    else:
+        if not array.is_contiguous():
+            raise ValueError(f"destination for {key!r} is not contiguous")
+        flat = array.detach().reshape(-1).view(torch.uint8)
+    if nbytes is not None and flat.numel() != nbytes:
+        raise ValueError(f"destination for {key!r} holds {flat.numel()} bytes, the snapshot's array {nbytes}")
+    return flat
 
 
 def describe(region: Region | None) -> dict[str, Any]:
