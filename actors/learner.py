@@ -78,10 +78,13 @@ class Learner:
         """Rank 0: the learner group's rendezvous address (a free port on this node)."""
         return data_parallel.free_address()
 
-    def join(self, address: str, timeout_s: float) -> int:
-        """Join the learner group's process group (every rank at once); this rank."""
-        data_parallel.join(address, self.shard, timeout_s)
-        return self.shard.rank
+    def join(self, address: str, timeout_s: float, network: dict[str, str | None]) -> str:
+        """Join the learner group's process group (every rank at once), its collectives on the interface
+        `network` (cluster.learner.network: interface, subnet) names or the one carrying this node's IP;
+        where they bind, in words (the driver logs it)."""
+        node_ip = ray.util.get_node_ip_address()
+        binding = data_parallel.join(address, self.shard, timeout_s, node_ip=node_ip, **network)
+        return f"{self.name} on {node_ip}: collectives on {binding.describe()}"
 
     def start(self) -> dict[str, Any]:
         """Resume if asked (True: run_dir/checkpoint; a path: that checkpoint folder). The driver then
@@ -120,6 +123,13 @@ class Learner:
     @ray.method(concurrency_group="sync")
     def ensure_published(self) -> list[str]:
         """Re-send the newest snapshot to services that lost it (restarted); their node ids."""
+        return self.publisher.republish()
+
+    def add_services(self, services: dict[str, Any]) -> list[str]:
+        """Rank 0: publish to these nodes' weight-sync services too (nodes that joined after the start), the
+        newest snapshot at once; their node ids. In the default group: the services pull it through
+        `snapshot`, which the "sync" group must be free to answer."""
+        self.publisher.services.update(services)
         return self.publisher.republish()
 
     def regenerate(self, iteration: int, group: RankedGroup) -> float:

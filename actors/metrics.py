@@ -5,6 +5,9 @@ labels `NodeAddress` (the node) and `SessionName`, the job adds `run` (the run d
 jobs on one cluster stay apart) and, on per-actor series, `explorer` / `scorer` (the actor's index, as in
 its name `solrl-explorer-<i>`). `cluster.monitoring.grafana` builds the Grafana dashboard from this table, so a panel
 can only query a declared metric, and each panel takes its unit from here.
+
+Ray drops a process's series when the process dies, so an explorer's own counters undercount the job after
+it restarts. The job's totals (`solrl_job_*`) are the driver's: it counts what every ranked group reports.
 """
 
 from __future__ import annotations
@@ -94,6 +97,16 @@ LEARNER = (
     _counter("explorer_deaths", "solrl_explorer_deaths", "explorer deaths seen by the driver"),
     _counter("sync_bytes", "solrl_weight_sync_bytes", "bytes of weights published to the nodes' sync services",
              unit="bytes"),
+    _counter("explorers_lost", "solrl_explorers_lost", "explorers removed after cluster.explorers.lost_after_s "
+             "unreachable (their node left, no room elsewhere)"),
+    # The job's exploration totals, counted by the driver from the ranked groups: whole across explorer restarts.
+    _counter("explored_candidates", "solrl_job_explored_candidates", "candidates explored, all explorers "
+             "(the driver's count of the groups that arrived)"),
+    _counter("explore_busy_s", "solrl_job_explorer_busy_seconds", "seconds all explorers spent exploring "
+             "(sampling + scoring; the driver's count)", unit="s"),
+    _counter("explorer_syncs", "solrl_job_weight_syncs", "snapshots loaded, all explorers (the driver's count)"),
+    _counter("explorer_sync_s", "solrl_job_explorer_sync_seconds", "seconds all explorers spent fetching and "
+             "loading snapshots (the driver's count)", unit="s"),
 )
 # Per-reward series: metrics.jsonl keys `reward_<name>` and `eval_<name>` become one labelled series each.
 REWARD_COMPONENT = Metric("solrl_reward_component", "gauge", "none",
@@ -101,11 +114,14 @@ REWARD_COMPONENT = Metric("solrl_reward_component", "gauge", "none",
                           tags=("run", "reward"))
 EVAL_DETAIL = Metric("solrl_eval_detail", "gauge", "none",
                      "held-out mean of each reward detail (accuracy, log p, components)", tags=("run", "detail"))
+# Per explorer process, for per-explorer rates: a restarted explorer starts again from 0 (Ray drops a dead
+# process's series), so a sum of these undercounts the job; its totals are the driver's `solrl_job_*`.
 EXPLORER = (
-    _counter(None, "solrl_explored_candidates", "candidates explored", tags=("run", "explorer")),
+    _counter(None, "solrl_explored_candidates", "candidates explored by this explorer process",
+             tags=("run", "explorer")),
     _counter(None, "solrl_explorer_busy_seconds", "seconds spent exploring (sampling + scoring)", unit="s",
              tags=("run", "explorer")),
-    _counter(None, "solrl_weight_syncs", "snapshots loaded by the explorer", tags=("run", "explorer")),
+    _counter(None, "solrl_weight_syncs", "snapshots loaded by this explorer process", tags=("run", "explorer")),
     _counter(None, "solrl_explorer_sync_seconds", "seconds spent fetching and loading snapshots", unit="s",
              tags=("run", "explorer")),
     _gauge("explorer_policy_version", "short", "policy version the explorer's engine holds",
@@ -174,19 +190,27 @@ class LearnerMetrics:
 
 
 class ExplorerMetrics:
+    """An explorer's own series, and the snapshot loads its next ranked group reports to the driver (which
+    counts the job's totals from the groups)."""
+
     def __init__(self, run: str, index: int) -> None:
         tags = {"run": run, "explorer": str(index)}
         (self.candidates, self.busy, self.syncs, self.sync_seconds, self.version) = (
             m.instrument(tags) for m in EXPLORER)
+        self.unreported = (0, 0.0)  # snapshots loaded and their seconds, since the last group
 
     def explored(self, group) -> None:
+        """Count `group` and hand it the snapshot loads since the previous one (`RankedGroup.syncs`, `sync_s`)."""
         self.candidates.inc(float(len(group.seeds)))
         self.busy.inc(float(group.seconds))
+        (group.syncs, group.sync_s), self.unreported = self.unreported, (0, 0.0)
 
     def synced(self, info: dict[str, float]) -> None:
+        seconds = info["fetch_s"] + info["load_s"]
         self.syncs.inc()
-        self.sync_seconds.inc(info["fetch_s"] + info["load_s"])
+        self.sync_seconds.inc(seconds)
         self.version.set(float(info["version"]))
+        self.unreported = (self.unreported[0] + 1, self.unreported[1] + seconds)
 
 
 class ScorerMetrics:

@@ -34,36 +34,49 @@ P = 48, N = 96, K = 24, S_x = 6, S_r = 10 as in the presets:
         rollout gain comes from the fewer steps. Assumptions, not measurements: measure and pass --costs.
 
 Layout of one iteration (wall seconds; W_x = P·N·S_x·c_x, W_r = P·K·S_r·c_r, W_t = P·K·c_t;
-g = N·S_x·c_x one prompt's exploration on one GPU; r = K·S_r·c_r one prompt's regeneration):
-    A prompt's group is explored on one GPU (the driver's unit of work), so E explorers take
-        X(E) = ceil(P / E) · g.
-    Learners share regeneration and training data-parallel; each learner past the first adds e of a
-    learner (e = --learner-efficiency, 1: perfect), a speedup u(L) = 1 + (L − 1)·e:
-        R(L) = W_r / u(L),   Tr(L) = W_t / u(L).
+g = N·S_x·c_x one prompt's exploration on one GPU; r = K·S_r·c_r one prompt's regeneration, t = K·c_t
+its training). Both sides take whole prompt slots, so both count the busiest GPU's slots:
+    Explorers: the pool sends slot s to explorer s mod E (cluster/runtime/explorer_pool.py `submit`) and
+        an explorer actor runs its calls one at a time, in the order sent, so explorer j explores slots
+        j, j + E, j + 2E, … one after another; the busiest explores ceil(P / E) groups:
+        X(E) = ceil(P / E) · g, and slot s's group arrives at (floor(s / E) + 1) · g.
+    Learners: rank `learner.data_parallel.owner_of(s, P, L)` regenerates and trains slot s, so ranks take
+        floor(P/L) or ceil(P/L) whole slots, and every rank waits for the busiest each iteration (the
+        scores are all-gathered before training, the gradients all-reduced after it). Each learner past
+        the first adds e of a learner (e = --learner-efficiency, 1: perfect), u(L) = 1 + (L − 1)·e, taken
+        as every rank running at u(L)/L of one learner's speed; the busiest rank's ceil(P/L) slots
+        (`slot_balance`) then set the group's speedup over one learner:
+        u_P(L) = u(L) · (P/L) / ceil(P/L)         (u(L) when L divides P; P/ceil(P/L) in place of L at e = 1)
+        R(L) = W_r / u_P(L) = ceil(P/L) · r · L/u(L),   Tr(L) = W_t / u_P(L) = ceil(P/L) · t · L/u(L).
     colocated (the paper): all G GPUs do each phase in turn, T = W_x/G + (W_r + W_t)/u(G) + s + o
-        (at e = 1, (W_x + W_r + W_t)/G + s + o: 427 s for SD3.5-L on 8). Exploration is taken as
-        divisible: the paper's pipeline shards candidates over all GPUs, where this project's explorers
-        take whole prompts; with G dividing P it makes no difference.
+        (at e = 1, (W_x + W_r + W_t)/G + s + o: 427 s for SD3.5-L on 8). Every phase is taken as
+        divisible: the paper's pipeline shards candidates and samples over all GPUs, where this project's
+        actors take whole prompt slots; with G dividing P it makes no difference.
     colocated here: the same on this project's actors, G explorers + G learner ranks at half a GPU each
-                           (one of each per GPU), explorers taking whole prompts:
-                           T = X(G) + (W_r + W_t)/u(G) + s + o — equal to the above when G divides P
+                           (one of each per GPU), both taking whole prompt slots:
+                           T = X(G) + (W_r + W_t)/u_P(G) + s + o — equal to the above when G divides P
     split sync:            T = X(E) + R(L) + Tr(L) + s + o
     split async:           T = max(X(E), R(L) + Tr(L) + s) + o   (explorers explore i + 1 while the
                            learners regenerate and train i: the slower side sets the pace)
-    split sync, streamed:  the learners regenerate a prompt's kept seeds as soon as its ranked group
-                           arrives. Groups arrive in waves: wave w (1..ceil(P/E)) brings n_w groups at
-                           time w·g; the learners work through them in order, so regeneration ends at
-                           R_end = max over w of (w·g + (n_w + … + n_last) · r / u(L)),
-                           T = R_end + Tr(L) + s + o
+    split sync, streamed:  the driver sends each ranked group, as it arrives, to its slot's rank, which
+                           regenerates its groups one at a time in arrival order (`streamed_regen_end`
+                           plays this out: rank k is free at f_k; slot s, arriving at a_s, ends at
+                           f_k ← max(f_k, a_s) + r·L/u(L)); regeneration ends at R_end = max over ranks
+                           of f_k, then the ranks gather the scores and train: T = R_end + Tr(L) + s + o
     split async, streamed: the same as async: in steady state each side already works all the time,
                            streaming only shortens the first iteration.
-Idle fraction: 1 − (the side's GPU-seconds of work) / (its GPUs × T).
+Every group is taken to cost the same g, r and t, and the driver to forward a group at once; with that,
+the sync, async and streamed formulas are exact at e = 1. At e < 1 all three spread the group's loss
+evenly over its ranks (L/u(L) per rank), an approximation.
+Idle fraction: 1 − (the side's GPU-seconds of work) / (its GPUs × T): an explorer or learner rank with a
+slot fewer than the busiest idles for that slot's time, and counts here.
 
 Not modeled: memory (a learner holds the full BF16 model, optimizer state and activations of
 training; an explorer the FP4 engine and the reward models; the colocated layout holds both on every
 GPU, or swaps them), weight sync and quantization unless given as sync_s, the policy lag of async
-mode (explorers rank with weights one version old), evaluation and checkpoints, stragglers, and
-learners' granularity (regeneration and training are taken as divisible).
+mode (explorers rank with weights one version old), evaluation and checkpoints, stragglers, unequal
+groups (prompts whose candidates take longer), and micro-batches. The slot balance of the best splits'
+and the preset's L is printed with them ("learner_slots" in the JSON: `slot_balance`).
 """
 
 from __future__ import annotations
@@ -75,6 +88,8 @@ import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
+
+from learner.data_parallel import owner_of, slot_balance
 
 Mode = Literal["sync", "async"]
 MODELS = ("sd35_large", "flux_dev", "sana_1600m")
@@ -210,17 +225,35 @@ def speedup(learners: int, efficiency: float) -> float:
     return 1 + (learners - 1) * efficiency
 
 
+def learner_speedup(prompts: int, learners: int, efficiency: float) -> float:
+    """u_P(L) = u(L) · (P/L) / ceil(P/L): L learner ranks over one learner, when each trains whole slots.
+    Every rank waits for the busiest, which takes ceil(P/L) of the P slots (`slot_balance`, the rule of
+    `owner_of`), each at u(L)/L of one learner's speed."""
+    balance = slot_balance(prompts, learners)
+    return speedup(learners, efficiency) * balance.ideal / balance.busiest
+
+
+def rank_slowdown(learners: int, efficiency: float) -> float:
+    """L / u(L): how much longer one slot takes on a rank of a group of L than on a lone learner."""
+    return learners / speedup(learners, efficiency)
+
+
 def explore_wall(prompts: int, group_s: float, explorers: int) -> float:
-    """X(E) = ceil(P / E) · g: a prompt's group is explored on one GPU."""
+    """X(E) = ceil(P / E) · g: explorer s mod E explores slot s (the pool's `submit`), one group at a time."""
     return math.ceil(prompts / explorers) * group_s
 
 
-def streamed_regen_end(prompts: int, explorers: int, group_s: float, regen_group_s: float) -> float:
-    """When the learners finish regenerating, taking each group as it arrives (regen_group_s: one
-    group's regeneration on all learners). Wave w brings min(E, P − (w − 1)E) groups at w·g."""
-    waves = math.ceil(prompts / explorers)
-    counts = [min(explorers, prompts - (w - 1) * explorers) for w in range(1, waves + 1)]
-    return max(w * group_s + sum(counts[w - 1:]) * regen_group_s for w in range(1, waves + 1))
+def streamed_regen_end(prompts: int, explorers: int, learners: int, group_s: float, regen_group_s: float) -> float:
+    """When the last learner rank finishes regenerating, each taking its groups as they arrive.
+
+    Slot s's group arrives at (floor(s / E) + 1) · g (explorer s mod E explores its slots in order) and goes
+    to rank `owner_of(s, P, L)`, which regenerates its groups one at a time in arrival order, regen_group_s
+    each (one group on one rank). Arrivals rise with s, so slot order is each rank's arrival order."""
+    free = [0.0] * learners  # when each rank has regenerated everything sent to it so far
+    for slot in range(prompts):
+        rank = owner_of(slot, prompts, learners)
+        free[rank] = max(free[rank], (slot // explorers + 1) * group_s) + regen_group_s
+    return max(free)
 
 
 def colocated_s(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) -> float:
@@ -230,11 +263,12 @@ def colocated_s(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) 
 
 
 def colocated_actors_s(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) -> float:
-    """The colocated layout as this project runs it: G explorers and G learner ranks sharing G GPUs."""
+    """The colocated layout as this project runs it: G explorers and G learner ranks sharing G GPUs, both
+    taking whole prompt slots."""
     _, w_r, w_t = work(costs, shape)
     group = shape.candidates * shape.explore_steps * costs.explore_s_per_sample_step
-    return explore_wall(shape.prompts, group, gpus) + (w_r + w_t) / speedup(gpus, efficiency) + costs.sync_s \
-        + costs.overhead_s
+    return explore_wall(shape.prompts, group, gpus) + (w_r + w_t) / learner_speedup(shape.prompts, gpus, efficiency) \
+        + costs.sync_s + costs.overhead_s
 
 
 @dataclass(frozen=True)
@@ -258,16 +292,20 @@ class Layout:
 
 def split_s(costs: Costs, shape: Shape, explorers: int, learners: int, mode: Mode, streamed: bool,
             efficiency: float = 1.0) -> float:
-    """Iteration seconds of E explorers + L learners (the formulas of the module docstring)."""
+    """Iteration seconds of E explorers + L learners (the formulas of the module docstring): both sides
+    count whole slots, the busiest explorer's ceil(P/E) groups and the busiest learner rank's ceil(P/L)."""
     _, w_r, w_t = work(costs, shape)
     group = shape.candidates * shape.explore_steps * costs.explore_s_per_sample_step
-    u = speedup(learners, efficiency)
+    u = learner_speedup(shape.prompts, learners, efficiency)
     x, train = explore_wall(shape.prompts, group, explorers), w_t / u
     if mode == "async":
         return max(x, w_r / u + train + costs.sync_s) + costs.overhead_s
     if streamed:
-        regen_group = shape.keep * shape.regen_steps * costs.regen_s_per_sample_step / u
-        return streamed_regen_end(shape.prompts, explorers, group, regen_group) + train + costs.sync_s \
+        # One group on its rank. Exact at e = 1 for groups of equal cost forwarded at once; at e < 1 the
+        # group's loss is spread evenly over its ranks (L/u(L) each), an approximation as in the other modes.
+        regen_group = shape.keep * shape.regen_steps * costs.regen_s_per_sample_step \
+            * rank_slowdown(learners, efficiency)
+        return streamed_regen_end(shape.prompts, explorers, learners, group, regen_group) + train + costs.sync_s \
             + costs.overhead_s
     return x + w_r / u + train + costs.sync_s + costs.overhead_s
 
@@ -302,33 +340,13 @@ def all_layouts(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) 
 
 
 def best_split(costs: Costs, shape: Shape, gpus: int, mode: Mode, streamed: bool, efficiency: float = 1.0) -> Layout:
-    """The fastest split in one mode. Async: X(E) never rises with E and the learners' side never falls,
-    so the optimum sits where they cross: a bisection on E, then the two splits around the crossing.
-    Sync: a sum of the two sides has no such structure with ceil(P / E) steps, so every split is tried."""
+    """The fastest split in one mode (ties: the fewer explorers). Every split is tried: both sides fall in
+    steps of whole slots, ceil(P/E) and ceil(P/L), and at e < 1 the learners' side rises between its steps
+    (another rank, the same busiest rank's slots, each rank slower), so no side is monotone enough to
+    bisect on. G − 1 splits, each O(P) at most."""
     check_gpus(gpus)
     check_efficiency(efficiency)
-
-    def at(e: int) -> Layout:
-        return layout(costs, shape, e, gpus - e, mode, streamed, efficiency)
-
-    if mode == "async":
-        group = shape.candidates * shape.explore_steps * costs.explore_s_per_sample_step
-        _, w_r, w_t = work(costs, shape)
-
-        def explorers_fast_enough(e: int) -> bool:
-            learner_side = (w_r + w_t) / speedup(gpus - e, efficiency) + costs.sync_s
-            return explore_wall(shape.prompts, group, e) <= learner_side
-
-        lo, hi = 1, gpus - 1  # the first E whose explorers keep up; hi if none does
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if explorers_fast_enough(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        candidates = [at(e) for e in {max(1, lo - 1), lo}]
-    else:
-        candidates = [at(e) for e in range(1, gpus)]
+    candidates = [layout(costs, shape, e, gpus - e, mode, streamed, efficiency) for e in range(1, gpus)]
     return min(candidates, key=lambda c: (c.seconds, c.explorers))
 
 
@@ -339,7 +357,8 @@ def plan(costs: Costs, shape: Shape, gpus: int, efficiency: float = 1.0) -> dict
     w_x, w_r, w_t = work(costs, shape)
     colocated_idle = 1 - (w_x + w_r + w_t) / (gpus * reference)
     best = {f"{m}{'_streamed' if s else ''}": best_split(costs, shape, gpus, m, s, efficiency) for m, s in VARIANTS}
-    row = lambda c: {**asdict(c), "vs_colocated": c.seconds / reference}  # noqa: E731
+    row = lambda c: {**asdict(c), "vs_colocated": c.seconds / reference,  # noqa: E731
+                     "learner_slots": asdict(slot_balance(shape.prompts, c.learners))}
     return {"gpus": gpus, "shape": asdict(shape), "costs": asdict(costs), "learner_efficiency": efficiency,
             "colocated_s": reference, "colocated_idle": colocated_idle,
             "colocated_actors_s": colocated_actors_s(costs, shape, gpus, efficiency),
@@ -361,6 +380,11 @@ def format_table(result: dict[str, Any]) -> str:
             else "is slower than"
         lines.append(f"best {key.replace('_', ' ')}: {c['explorers']}E+{c['learners']}L, {c['seconds']:.1f} s "
                      f"({c['vs_colocated']:.2f}×): {verdict} colocated ({reference:.1f} s)")
+    prompts = result["shape"]["prompts"]
+    for learners in sorted({c["learners"] for c in result["best"].values()}):
+        keys = [k.replace("_", " ") for k, c in result["best"].items() if c["learners"] == learners]
+        lines.append(f"learner slots of best {', '.join(keys)} (counted in the seconds above): "
+                     f"{slot_balance(prompts, learners).describe()}")
     g, t = result["gpus"], result["colocated_actors_s"]
     lines.append(f"colocated on this project's actors ({g} explorers + {g} learner ranks, half a GPU each, sync): "
                  f"{t:.1f} s ({t / reference:.2f}×); cluster.explorers {{count: {g}, num_gpus: 0.5}}, "
@@ -391,9 +415,13 @@ def main(argv: list[str] | None = None) -> None:
     if preset_explorers + preset_learners == args.gpus:
         preset = layout(costs, shape, preset_explorers, preset_learners, preset_mode, preset_streamed,
                         args.learner_efficiency)
-        result["preset"] = {**asdict(preset), "vs_colocated": preset.seconds / result["colocated_s"]}
+        balance = slot_balance(shape.prompts, preset.learners)
+        result["preset"] = {**asdict(preset), "vs_colocated": preset.seconds / result["colocated_s"],
+                            "learner_slots": asdict(balance)}
+        said = any(c["learners"] == preset.learners for c in result["best"].values())
         print(f"the preset's layout ({preset.name}, {preset.mode_name}): {preset.seconds:.1f} s "
-              f"({result['preset']['vs_colocated']:.2f}× colocated)")
+              f"({result['preset']['vs_colocated']:.2f}× colocated); "
+              + ("its learner slots as above" if said else f"learner slots: {balance.describe()}"))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -9,6 +9,8 @@ Checks, each a row of the printed table (exit 1 when any fails, 2 on a config er
   `cluster.config.preflight.check_inputs`);
 - resources: the placement bundles (learner ranks + explorers + scorers) against the Ray cluster's
   (`cluster.address` / RAY_ADDRESS), or, for a private local Ray, against this machine's GPUs;
+- learners: how the iteration's prompt slots split over the learner ranks (`learner.data_parallel.slot_balance`)
+  — a warning when the count does not divide them, naming the rank-time that idles and the counts that divide;
 - backend: what the explorers will run, in words, on the GPU they will get (`diffusion.quant.choose_engine`):
   real NVFP4 GEMMs (TE, Blackwell), real FP8 GEMMs (torchao, Hopper/Ada), BF16, or an emulation — a warning
   on a GPU, a failure unless explore.allow_emulation;
@@ -43,6 +45,7 @@ from cluster.config.preflight import check_inputs, check_model
 from cluster.config.schema import SolRLConfig
 from diffusion.loading import weight_files
 from diffusion.quant import DeviceFacts, EngineChoice
+from learner.data_parallel import slot_balance
 
 GiB = 2**30
 # Text tokens the transformer attends to, by family (CLIP 77 + T5 at the family's length for SD3).
@@ -115,6 +118,19 @@ def resources_row(config: SolRLConfig) -> Row:
     # Not a failure: tests and demos run GPU-shaped plans on CPU machines on purpose.
     return Row("resources", None, detail + "; logical GPUs stand in for the missing ones and the models run on "
                "the CPU — for a real run submit to a GPU cluster (cluster.address or RAY_ADDRESS)")
+
+
+def learners_row(config: SolRLConfig) -> Row:
+    """The slots each learner rank trains (`learner.data_parallel.owner_of`): ok when the count divides
+    prompts.per_iteration; else a warning with what the unevenness costs and the counts that divide."""
+    prompts, ranks = config.prompts.per_iteration, config.cluster.learner.count
+    balance = slot_balance(prompts, ranks)
+    if balance.even:
+        return Row("learners", True, balance.describe())
+    multiples = sorted({prompts // ranks * ranks, -(-prompts // ranks) * ranks} - {0})
+    return Row("learners", None, f"{balance.describe()}; to balance, set cluster.learner.count to "
+               f"{' or '.join(map(str, balance.even_rank_counts))}, or prompts.per_iteration to "
+               f"{' or '.join(map(str, multiples))} (multiples of {ranks})")
 
 
 def explorer_device(config: SolRLConfig, gpu: GpuFacts) -> DeviceFacts:
@@ -395,7 +411,7 @@ def run_checks(config: SolRLConfig, *, inputs_checked: bool = False) -> list[Row
     gpu = gpu_facts(config)
     device = explorer_device(config, gpu)
     backend, choice = backend_row(config, device, gpu.source if device is gpu.device else "the CPU of this machine")
-    rows = [inputs, resources_row(config), backend]
+    rows = [inputs, resources_row(config), learners_row(config), backend]
     config = with_engine(config, choice)
     try:  # the model's rows need only the model folder: evaluated whatever else the inputs row found
         config, _ = check_model(config)

@@ -81,6 +81,8 @@ class RankedGroup:
     seconds: float = 0.0  # sampling, decoding and scoring
     sample_s: float = 0.0  # of which denoising (the engine's forwards)
     sample_steps: int = 0  # sample-steps those took (N · explore steps; fewer with successive halving)
+    syncs: int = 0  # snapshots its explorer loaded since its previous group (the driver counts the job's)
+    sync_s: float = 0.0  # seconds those took (fetch and load)
 
     @property
     def step_s(self) -> float | None:

@@ -122,7 +122,8 @@ class Trainer:
         pools are ranked here). In a learner group each rank rolls out its own slots and the whole batch's
         scores are gathered. Publishing is the caller's next step."""
         start, sampled_with = time.perf_counter(), self.version
-        slots = [(slot, p) for slot, p in enumerate(self.prompts_for(iteration)) if self.shard.owns(slot)]
+        slots = [(slot, p) for slot, p in enumerate(self.prompts_for(iteration))
+                 if self.shard.owns(slot, self.config.prompts.per_iteration)]
         mine, streamed, streamed_s = self.rollouts.collect(iteration, slots, groups, self.version)
         rollout_s = time.perf_counter() - start
         batch = self._whole_batch([slot for slot, _ in slots], mine)

@@ -9,6 +9,7 @@ trainer's sections' in `learner.config.TRAINER_RULES`, those involving `cluster.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -36,6 +37,10 @@ class ExplorersConfig(ActorResources):
     join_timeout_s: float = Field(600.0, gt=0, description="an explorer added by `cluster.control` that is not "
                                   "placed and loaded within this is reported (naming the missing resources) "
                                   "and dropped")
+    lost_after_s: float = Field(300.0, gt=0, description="an explorer unreachable this long (its node gone and "
+                                "no room elsewhere: Ray keeps it restarting) is removed from the pool, which "
+                                "grows back when room returns; above a model load, so one merely reloading "
+                                "after a crash is not replaced")
 
     @property
     def limit(self) -> int:
@@ -43,11 +48,38 @@ class ExplorersConfig(ActorResources):
         return self.max if self.max is not None else self.count
 
 
+class LearnerNetworkConfig(BaseModel):
+    """Where the learner group's collectives (gloo, NCCL) connect across hosts (learner.collective_network)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    interface: str | None = Field(None, description="bind every rank's collectives to this interface (it must "
+                                  "exist on every learner node); None: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME "
+                                  "if the job's environment sets them, else the interface carrying the node's "
+                                  "Ray IP. NCCL_IB_* stay yours to set")
+    subnet: str | None = Field(None, description="instead of a name: on each node, the interface with an address "
+                               "in this network (e.g. 10.1.0.0/16), for nodes whose interfaces are named apart")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> LearnerNetworkConfig:
+        if self.interface is not None and self.subnet is not None:
+            raise ValueError("set cluster.learner.network.interface or .subnet, not both")
+        if self.subnet is not None:
+            try:
+                ipaddress.ip_network(self.subnet, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"cluster.learner.network.subnet={self.subnet!r} is not a network: {exc} "
+                                 "(write it as address/prefix, e.g. 10.1.0.0/16)") from None
+        return self
+
+
 class LearnerGroupConfig(ActorResources):
     count: int = Field(1, ge=1, description="learner ranks, one per GPU, in one torch.distributed group: each "
                        "regenerates and trains on its share of the slots (learner.data_parallel)")
     collective_timeout_s: float = Field(1800.0, gt=0, description="a learner collective waiting this long "
-                                        "raises instead of hanging (the driver ends the job at once anyway)")
+                                        "raises instead of hanging (the driver ends the job at once anyway); "
+                                        "it also bounds the group's rendezvous and mesh connect")
+    network: LearnerNetworkConfig = LearnerNetworkConfig()
 
 
 class ScorersConfig(ActorResources):

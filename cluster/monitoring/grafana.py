@@ -62,12 +62,16 @@ class Panel:
 
 
 PANELS = (
-    Panel("Progress", "Iterations finished of the planned run.iterations, and explorers taking slots.", "short",
+    Panel("Progress", "Iterations finished of the planned run.iterations, explorers taking slots and joining, "
+          "and the job's candidates explored and snapshots loaded (the driver's totals: whole across explorer "
+          "restarts).", "short",
           (Query(f"max by (run) ({sel('solrl_iterations_done')})", "iterations done {{run}}"),
            Query(f"max by (run) ({sel('solrl_iterations_planned')})", "planned {{run}}"),
            Query(f"max by (run) ({sel('solrl_explorers')})", "explorers {{run}}"),
            Query(f"max by (run) ({sel('solrl_explorers_joining')})", "explorers joining {{run}}"),
-           Query(f"sum by (run) ({sel('solrl_weight_syncs')})", "snapshots loaded {{run}}")), kind="stat", width=24),
+           Query(f"max by (run) ({sel('solrl_job_explored_candidates')})", "candidates explored {{run}}"),
+           Query(f"max by (run) ({sel('solrl_job_weight_syncs')})", "snapshots loaded {{run}}")),
+          kind="stat", width=24),
     Panel("Reward of the kept samples", "Mean and max true (full-precision) reward of the samples the learner "
           "trained on, and the explorers' low-precision proxy reward of all candidates.", "none",
           (Query(f"{sel('solrl_reward_mean')}", "mean {{run}}"), Query(f"{sel('solrl_reward_max')}", "max {{run}}"),
@@ -99,36 +103,46 @@ PANELS = (
           (Query(f"{sel('solrl_explore_regen_step_ratio')}", "explore / regenerate {{run}}"),
            Query(f"{sel('solrl_explore_step_seconds')}", "explore s/step {{run}}"),
            Query(f"{sel('solrl_regenerate_step_seconds')}", "regenerate s/step {{run}}"))),
-    Panel("Policy version and lag", "The learner's newest policy version, each explorer's engine version, and the "
-          "largest lag of a trained group (async mode).", "short",
+    Panel("Policy version and lag", "The learner's newest policy version, each explorer's engine version and "
+          "the snapshots its process has loaded, and the largest lag of a trained group (async mode).", "short",
           (Query(f"{sel('solrl_policy_version')}", "learner {{run}}"),
            Query(f"{sel('solrl_explorer_policy_version')}", "explorer {{explorer}} {{run}}"),
+           Query(f"sum by (run, explorer) ({sel('solrl_weight_syncs')})", "snapshots loaded {{explorer}} {{run}}"),
            Query(f"{sel('solrl_policy_lag')}", "lag {{run}}"))),
     Panel("Learner idle fraction", "Share of each iteration the learner waited for explorers: near 0, the "
           "learner is the bottleneck; near 1, add explorers.", "percentunit",
           (Query(f"{sel('solrl_learner_idle_fraction')}", "{{run}}"),)),
-    Panel("Candidates per second, per explorer", "Candidates explored per second by each explorer (its index "
-          "and node), and all explorers together as the driver measured it.", "cps",
+    Panel("Candidates per second, per explorer", "Candidates explored per second by each explorer process (its "
+          "index and node), all explorers together from the driver's count, and within each iteration as the "
+          "driver measured it.", "cps",
           (Query(f"sum by (run, explorer, NodeAddress) (rate({sel('solrl_explored_candidates')}[{RATE}]))",
                  "explorer {{explorer}} @ {{NodeAddress}}"),
-           Query(f"{sel('solrl_candidates_per_second')}", "all {{run}}"))),
-    Panel("Explorer utilisation", "Share of wall time each explorer spent exploring, and loading snapshots.",
-          "percentunit",
+           Query(f"sum by (run) (rate({sel('solrl_job_explored_candidates')}[{RATE}]))", "all {{run}}"),
+           Query(f"{sel('solrl_candidates_per_second')}", "all, within iterations {{run}}"))),
+    Panel("Explorer utilisation", "Share of wall time each explorer spent exploring, and loading snapshots; "
+          "and the pool's mean (the driver's totals over the explorers taking slots).", "percentunit",
           (Query(f"sum by (run, explorer) (rate({sel('solrl_explorer_busy_seconds')}[{RATE}]))",
                  "exploring {{explorer}}"),
            Query(f"sum by (run, explorer) (rate({sel('solrl_explorer_sync_seconds')}[{RATE}]))",
-                 "loading weights {{explorer}}"))),
+                 "loading weights {{explorer}}"),
+           Query(f"sum by (run) (rate({sel('solrl_job_explorer_busy_seconds')}[{RATE}])) / "
+                 f"max by (run) ({sel('solrl_explorers')})", "exploring, pool mean {{run}}"),
+           Query(f"sum by (run) (rate({sel('solrl_job_explorer_sync_seconds')}[{RATE}])) / "
+                 f"max by (run) ({sel('solrl_explorers')})", "loading weights, pool mean {{run}}"))),
     Panel("Weight sync", "Bytes of weights the learner publishes per second (one copy to each node's sync "
           "service).", "Bps",
           (Query(f"sum by (run) (rate({sel('solrl_weight_sync_bytes')}[{RATE}]))", "published {{run}}"),)),
     Panel("Faults", "Updates skipped (NaN/inf reward or loss), micro-batches dropped, slots re-dispatched after "
-          "an explorer died, explorer deaths and stale groups dropped, within the chosen range.", "short",
+          "an explorer died, explorer deaths, explorers lost (removed after cluster.explorers.lost_after_s "
+          "unreachable: their node left, no room elsewhere) and stale groups dropped, within the chosen range.",
+          "short",
           (Query(f"sum by (run) (increase({sel('solrl_skipped_updates')}[$__range]))", "skipped updates {{run}}"),
            Query(f"sum by (run) (increase({sel('solrl_dropped_micro_batches')}[$__range]))",
                  "dropped micro-batches {{run}}"),
            Query(f"sum by (run) (increase({sel('solrl_explorer_retries')}[$__range]))",
                  "re-dispatched slots {{run}}"),
            Query(f"sum by (run) (increase({sel('solrl_explorer_deaths')}[$__range]))", "explorer deaths {{run}}"),
+           Query(f"sum by (run) (increase({sel('solrl_explorers_lost')}[$__range]))", "explorers lost {{run}}"),
            Query(f"sum by (run) (increase({sel('solrl_dropped_groups')}[$__range]))",
                  "stale groups dropped {{run}}")), kind="stat"),
     Panel("Reward scorers", "Per scorer actor (cluster.scorers.count > 0): requests and images scored per "

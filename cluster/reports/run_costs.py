@@ -1,6 +1,6 @@
 """A run's measured per-phase costs, in the format `python -m bench.plan --costs FILE` reads.
 
-    explore_s_per_sample_step = Σ explorers' sampling seconds / Σ (P · N · explore steps)
+    explore_s_per_sample_step = Σ explorers' sampling seconds / Σ (candidates explored (P · N) · explore steps)
     regen_s_per_sample_step   = Σ learner's regeneration seconds (streamed or not) / Σ regenerated sample-steps
     train_s_per_sample        = Σ learner's update seconds / Σ (P · K)
 
@@ -21,7 +21,8 @@ def measured_costs(config: SolRLConfig, history: list[dict[str, Any]]) -> dict[s
     if not steady:
         return None
     p = config.prompts
-    explored = len(steady) * p.per_iteration * p.candidates * config.explore.steps
+    # the candidates of every group explored (in async mode, stale groups explored again count twice)
+    explored = sum(m.get("explored_candidates", p.per_iteration * p.candidates) for m in steady) * config.explore.steps
     regenerated = sum(m.get("fp_sample_steps", 0) for m in steady)
     trained = len(steady) * p.per_iteration * p.keep
     regen_s = sum(m.get("rollout_s", 0.0) + m.get("streamed_rollout_s", 0.0) for m in steady)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +17,9 @@ class Control(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     explorers: int | None = Field(None, ge=1, description="explorer actors the job should run")
+    hold_before: int | None = Field(None, ge=0, description="the job holds before starting this iteration (and "
+                                    "any later one) until the field is cleared: the iterations before it are "
+                                    "recorded and checkpointed, the actors stay up")
 
 
 def read_control(run_dir: str | Path) -> Control:
@@ -31,18 +35,44 @@ def read_control(run_dir: str | Path) -> Control:
         raise ValueError(f"{path}: {problems}; write it with python -m cluster.control") from None
 
 
-def write_control(run_dir: str | Path, **changes: int) -> Control:
-    """Merge `changes` into the run's control file, atomically (the driver never reads half a file)."""
+def write_control(run_dir: str | Path, **changes: int | None) -> Control:
+    """Merge `changes` into the run's control file, atomically (the driver never reads half a file); a
+    change to None clears that field."""
     path = Path(run_dir) / CONTROL_FILE
     try:
         current = read_control(run_dir).model_dump(exclude_none=True)
     except ValueError:
         current = {}  # a broken file is replaced
-    control = Control(**{**current, **changes})
+    control = Control(**{k: v for k, v in {**current, **changes}.items() if v is not None})
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(control.model_dump(exclude_none=True)) + "\n")
     os.replace(tmp, path)
     return control
+
+
+def hold_if_asked(run_dir: str | Path | None, iteration: int, log: Callable[[str], None],
+                  poll_s: float = 0.5) -> float:
+    """Wait while the control file holds the job before `iteration` (`hold_before` <= iteration); the
+    seconds held. Called between iterations, where the run is recorded and checkpointed: an operator can
+    replace a node, then release the job (`python -m cluster.control RUN_DIR --release`). A file that
+    does not parse holds nothing (ControlTarget reports it)."""
+    def held() -> bool:
+        try:
+            hold = read_control(run_dir).hold_before
+        except ValueError:
+            return False
+        return hold is not None and hold <= iteration
+
+    if run_dir is None or not held():
+        return 0.0
+    tick = time.monotonic()
+    log(f"held before iteration {iteration} by {Path(run_dir) / CONTROL_FILE}; continue with: "
+        f"python -m cluster.control {run_dir} --release")
+    while held():
+        time.sleep(poll_s)
+    waited = time.monotonic() - tick
+    log(f"released after {waited:.0f} s: iteration {iteration} starts")
+    return waited
 
 
 class ControlTarget:

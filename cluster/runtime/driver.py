@@ -23,12 +23,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.explorer import Explorer
@@ -37,9 +37,9 @@ from actors.learner import Learner
 from actors.metrics import LearnerMetrics
 from actors.reward_scorer import RewardScorer
 from cluster.config.schema import SolRLConfig
-from cluster.runtime.control_file import ControlTarget
+from cluster.runtime.control_file import ControlTarget, hold_if_asked
 from cluster.runtime.explorer_pool import Batch, ExplorerPool, RetryPolicy
-from cluster.runtime.learner_group import on_learners, wait_learners
+from cluster.runtime.learner_group import join_group, on_learners, wait_learners
 from diffusion.noise import iteration_prompts
 from diffusion.progress import Progress
 from diffusion.prompts import load_prompts
@@ -60,6 +60,8 @@ class Job:
     namespace: str | None = None  # every actor of the job is named in it
     next_explorer: int = 0  # the next explorer's index: never reused, so never a name Ray has not freed yet
     services: dict[str, Any] | None = None
+    tag: str = ""  # names the job's shared-memory regions (`weight_sync.service.start_services`)
+    explorer_names: dict[Any, str] = field(default_factory=dict)  # actor handle → its name, for the log
     scorers: list[Any] | None = None
     log: RunLog | None = None  # the run's records, the resumed part included (set once the learner is up)
 
@@ -80,7 +82,7 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str, log: Cal
     # The namespace is also the metrics' `run` label: unique per job, where two run directories may share a name.
     run = namespace = job_namespace(run_label(run_dir, config.run.name), tag)
     job = Job(learners=[], pool=None, placement=None, run=run, namespace=namespace,
-              services=start_services(tag=tag, namespace=namespace))
+              services=start_services(tag=tag, namespace=namespace), tag=tag)
     try:
         job.placement = pg = placement_group(
             [{k: v for k, v in b.items() if v} or {"CPU": 0.01} for b in c.bundles()], strategy=c.placement_strategy)
@@ -111,13 +113,15 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str, log: Cal
         ]
         if c.learner.count > 1:
             address = ray.get(job.learner.address.remote())
-            on_learners(job.learners, "join", address, c.learner.collective_timeout_s)
+            for line in join_group(job.learners, address, c.learner):
+                log(line)
         bundles = [c.learner.count + i for i in range(c.explorers.count)]
         job.pool = ExplorerPool(
             [new_explorer(job, config, b) for b in bundles], bundles=bundles,
             spawn=lambda bundle: new_explorer(job, config, bundle),
             retry=RetryPolicy(c.explorers.max_crashes, c.explorers.restart_timeout_s),
-            join_timeout_s=c.explorers.join_timeout_s,
+            join_timeout_s=c.explorers.join_timeout_s, lost_after_s=c.explorers.lost_after_s,
+            bundle_ready=lambda bundle: _bundle_ready(job, bundle), name_of=lambda actor: job.explorer_names[actor],
             on_idle=lambda: ray.get(job.learner.ensure_published.remote()),  # a restarted service lost its snapshot
             log=log)
     except BaseException:
@@ -136,13 +140,35 @@ def new_explorer(job: Job, config: SolRLConfig, bundle: int | None) -> Any:
     """An explorer actor in placement bundle `bundle` (None: wherever Ray finds room)."""
     c = config.cluster
     index, job.next_explorer = job.next_explorer, job.next_explorer + 1
-    return ray.remote(Explorer).options(
+    actor = ray.remote(Explorer).options(
         name=actor_name("explorer", index), namespace=job.namespace, num_cpus=c.explorers.num_cpus,
         num_gpus=c.explorers.num_gpus, scheduling_strategy=_bundle(job, bundle),
         max_restarts=-1, max_task_retries=0,  # the pool re-dispatches lost slots itself
     ).remote(config.model, config.explore, config.reward, job.services, sampling=exploration_sampling(config),
              run_seed=config.run.seed, candidates=config.prompts.candidates, threads=c.explorers.threads,
              scorers=job.scorers or None, prompt_source=config.prompts.source, index=index, run=job.run)
+    job.explorer_names[actor] = actor_name("explorer", index)
+    return actor
+
+
+def _bundle_ready(job: Job, bundle: int) -> bool:
+    """Ray has placed `bundle` (again: its node may have left) on a node with a weight-sync service."""
+    node = placement_group_table(job.placement)["bundles_to_node_id"].get(bundle, "")
+    return bool(node) and node in job.services
+
+
+def add_node_services(job: Job) -> list[str]:
+    """Nodes that joined the cluster since the job started get a weight-sync service, and the learner
+    publishes to it from now on (the newest snapshot at once), so an explorer can run there; their ids."""
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    if alive <= job.services.keys():
+        return []
+    # get_if_exists: the services the job has come back as they are; only the new nodes' are made
+    new = {node: s for node, s in start_services(tag=job.tag, namespace=job.namespace).items()
+           if node not in job.services}
+    job.services.update(new)  # new explorers are given them
+    ray.get(job.learner.add_services.remote(new))
+    return list(new)
 
 
 def _missing_room(config: SolRLConfig) -> str:
@@ -170,6 +196,7 @@ def run(config: SolRLConfig, run_dir: str | None, *, resume: bool | str = False,
             _evaluate_base(job, config, run_log, log)
         loop = Loop(job, config, run_dir, log, status)
         for iteration in range(status["iteration"], config.run.iterations):
+            hold_if_asked(run_dir, iteration, log)
             row = run_log.write(loop.iteration(iteration, run_log.skipped_updates()))
             on_learners(job.learners[:1], "checkpoint")  # after the record: a resumed run never lacks a line
             log(progress_line(row, loop.progress))
@@ -219,6 +246,7 @@ class Loop:
         self.streaming = c.stream_regeneration and ALGORITHMS[config.learner.algorithm].remote_explore
         self.prompts = load_prompts(config.prompts.source)
         self.target = ControlTarget(run_dir, c.explorers.count, c.explorers.limit, log)
+        self.log = log
         self.version = status["version"]
         self.prefetched: Batch | None = None
         self.progress = Progress("iteration", config.run.iterations, done=status["iteration"])
@@ -233,7 +261,10 @@ class Loop:
 
     def submit(self, iteration: int) -> Batch:
         """An iteration's slots to the pool, after the control file's explorer count is applied (nothing
-        is in flight at this point)."""
+        is in flight at this point). Nodes that joined since get a weight-sync service first, so the pool
+        can grow back onto them."""
+        for node in add_node_services(self.job):
+            self.log(f"node {node[:8]} joined the cluster: its weight-sync service is up, explorers can run there")
         self.pool.resize(self.target.read(), lambda: _missing_room(self.config))
         return self.pool.submit(iteration, self.slots(iteration), self.version)
 
@@ -243,7 +274,7 @@ class Loop:
         groups, explored = self.explore(iteration)
         if self.asynchronous and iteration + 1 < self.config.run.iterations:  # explorers run ahead meanwhile
             self.prefetched = self.submit(iteration + 1)
-        explored.update(self.pool.size())
+        explored.update(self.pool.report())
         results = on_learners(self.job.learners, "train", iteration, groups)
         published = on_learners(self.job.learners, "publish")[0]  # the new θ_old to every node
         finished = on_learners(self.job.learners, "finish_iteration")[0]
@@ -259,21 +290,23 @@ class Loop:
 
         def stream(group: RankedGroup) -> None:
             if self.streaming and not self.stale(group):
-                rank = owner_of(group.slot, len(self.job.learners))
+                rank = owner_of(group.slot, self.config.prompts.per_iteration, len(self.job.learners))
                 streamed[self.job.learners[rank].regenerate.remote(iteration, group)] = rank
 
         batch, self.prefetched = self.prefetched or self.submit(iteration), None
         groups = self.pool.collect(batch, stats, on_group=stream)
+        arrived = list(groups)  # every group explored, the stale ones dropped below included
         stale = [g.slot for g in groups if self.stale(g)]
         if stale:
             stats["dropped_groups"] = len(stale)
             slots = self.slots(iteration)
             again = self.pool.submit(iteration, [slots[s] for s in stale], self.version)
             fresh = {g.slot: g for g in self.pool.collect(again, stats, on_group=stream)}
+            arrived += fresh.values()
             groups = [fresh.get(g.slot, g) for g in groups]
         waited = time.perf_counter() - tick
+        stats.update(explored_totals(arrived))
         stats.update({"explore_s": max((g.seconds for g in groups), default=0.0), "explore_wall_s": waited,
-                      "explore_busy_s": sum(g.seconds for g in groups),  # all explorers' sampling seconds
                       "policy_lag": max((self.version - g.policy_version for g in groups), default=0),
                       "candidates_per_second": sum(len(g.seeds) for g in groups) / max(waited, 1e-9)})
         steps = sum(g.sample_steps for g in groups)
@@ -281,6 +314,16 @@ class Loop:
             stats["explore_step_s"] = sum(g.sample_s for g in groups) / steps
         wait_learners(self.job.learners, streamed, "regenerate")  # a streamed regeneration's error surfaces here
         return groups, stats
+
+
+def explored_totals(groups: list[RankedGroup]) -> dict[str, Any]:
+    """What the explorers did for `groups`, as the driver counts it into the job's totals (the dashboard's
+    `solrl_job_*` counters): an explorer's own counters leave with its process when it dies, these do not.
+    A group counts once it has reached the driver; work lost with a dead explorer never arrives (its slot's
+    retry is what counts), and the snapshots an explorer loads arrive with its next group."""
+    return {"explored_candidates": sum(len(g.seeds) for g in groups),
+            "explore_busy_s": sum(g.seconds for g in groups),  # all explorers' sampling seconds
+            "explorer_syncs": sum(g.syncs for g in groups), "explorer_sync_s": sum(g.sync_s for g in groups)}
 
 
 def stop(job: Job) -> None:

@@ -3,6 +3,7 @@
     submit(iteration, slots, version)   one explore task per (slot, prompt), round robin
     collect(batch, stats, on_group)     every slot's ranked group; `on_group` as each arrives
     resize(target)                      toward `target` explorers, only while no slot is in flight
+    report()                            the pool's size, and what it counted since the last report
 
 Faults: a slot lost with an explorer is sent again after a backoff (0.5 s doubling to 8 s) to the next
 explorer in turn — with one explorer, the same one once it has restarted — until `retry.timeout_s`
@@ -10,6 +11,13 @@ explorer in turn — with one explorer, the same one once it has restarted — u
 same group. An explorer that dies `retry.max_crashes` times in a row without finishing a slot is in a
 crash loop: `ExplorerCrashLoop` names it (the run resumes from its last checkpoint). One crash fails
 every slot queued on it, and counts once.
+
+Lost explorers: one whose slots have all failed for `lost_after_s` (`cluster.explorers.lost_after_s`:
+its node left and Ray has no room to restart it elsewhere, so it stays "restarting" and every slot sent
+to it fails after ~2 s) is removed at the next `resize`: stopped, its placement bundle freed, counted
+(`explorers_lost`). It is missing from the target, so the pool grows back: a replacement is spawned into
+the freed bundle once Ray has placed that bundle again (`bundle_ready`: room returned), never elsewhere
+meanwhile. The last explorer is never removed (its slots wait for it up to `retry.timeout_s`).
 """
 
 from __future__ import annotations
@@ -69,19 +77,27 @@ class Joiner:
 
 
 Spawn = Callable[[int | None], Any]  # placement bundle (None: anywhere) → a new explorer actor
+WAIT = -1  # `_next_bundle`: a freed bundle waits for room; spawn nothing yet
 
 
 class ExplorerPool:
     def __init__(self, actors: list[Any], *, bundles: list[int | None] | None = None, spawn: Spawn | None = None,
-                 retry: RetryPolicy | None = None, join_timeout_s: float = 600.0,
+                 retry: RetryPolicy | None = None, join_timeout_s: float = 600.0, lost_after_s: float | None = None,
+                 bundle_ready: Callable[[int], bool] = lambda _bundle: True,
+                 name_of: Callable[[Any], str] = lambda _actor: "an explorer",
                  on_idle: Callable[[], None] | None = None, log: Callable[[str], None] = print) -> None:
-        """`spawn`: makes an explorer for `resize` (None: a fixed pool); `on_idle`: called when no result
-        came for HEALTH_CHECK_S (the driver re-sends the newest snapshot to restarted sync services)."""
+        """`spawn`: makes an explorer for `resize` (None: a fixed pool); `lost_after_s`: unreachable this long,
+        an explorer is removed (None: never); `bundle_ready(b)`: Ray has placed bundle b where an explorer can
+        run; `name_of`: an explorer's name, for the log; `on_idle`: called when no result came for
+        HEALTH_CHECK_S (the driver re-sends the newest snapshot to restarted sync services)."""
         self.actors = list(actors)
         self.bundles = list(bundles) if bundles is not None else [None] * len(self.actors)
         self.spawn, self.retry, self.on_idle, self.log = spawn, retry or RetryPolicy(), on_idle, log
-        self.join_timeout_s = join_timeout_s
+        self.join_timeout_s, self.lost_after_s = join_timeout_s, lost_after_s
+        self.bundle_ready, self.name_of = bundle_ready, name_of
         self.free_bundles: list[int] = []  # bundles left by removed explorers
+        self.down_since: dict[Any, float] = {}  # actor → its first failed slot since it last finished one
+        self.lost_unreported = 0  # explorers removed as lost since the last `report()`
         self.joining: dict[Any, Joiner] = {}  # ready ref → a loading explorer
         self.unplaced_at: int | None = None  # a target whose joiner found no room: not retried until it changes
         self.deaths: dict[int, int] = {}  # per explorer, in a row, since its last finished slot
@@ -93,6 +109,11 @@ class ExplorerPool:
 
     def size(self) -> dict[str, int]:
         return {"explorers": len(self.actors), "explorers_joining": len(self.joining)}
+
+    def report(self) -> dict[str, int]:
+        """The size, and the explorers removed as lost since the last report (when any): a record's numbers."""
+        lost, self.lost_unreported = self.lost_unreported, 0
+        return {**self.size(), **({"explorers_lost": lost} if lost else {})}
 
     # ---- exploring -------------------------------------------------------------------------------
     def _send(self, batch: Batch, task: Task) -> None:
@@ -135,6 +156,7 @@ class ExplorerPool:
                 waiting.append((self._lost(batch, task, exc, stats), task))
                 continue
             self.deaths[task.explorer] = 0
+            self.down_since.pop(self.actors[task.explorer], None)
             if on_group is not None:
                 on_group(groups[task.slot])
         return [groups[s] for s in sorted(groups)]
@@ -143,6 +165,7 @@ class ExplorerPool:
         """A task that met a dead explorer: count the death once per crash, end a crash loop or a slot that
         found no explorer for too long; when to send it again."""
         now = time.monotonic()
+        self.down_since.setdefault(self.actors[task.explorer], now)
         if RESTARTING not in str(exc) and task.seq > self.mark.get(task.explorer, 0):
             self.deaths[task.explorer] = self.deaths.get(task.explorer, 0) + 1
             self.mark[task.explorer] = self.seq
@@ -168,16 +191,20 @@ class ExplorerPool:
         """Move toward `target` explorers; call only while no slot is in flight. New ones load in the
         background and join here once ready; one not placed and loaded within `join_timeout_s` is stopped
         and reported with `missing_room()` (that target is not retried until another is asked for).
-        Removed ones (still loading ones first, then the newest) stop now. Seeds are derived, so who
-        explores a slot changes nothing."""
-        before = len(self.actors)
+        Removed ones (still loading ones first, then the newest) stop now, as do lost ones (unreachable for
+        `lost_after_s`), whose replacements wait for their bundles. Seeds are derived, so who explores a
+        slot changes nothing."""
         if target != self.unplaced_at:
             self.unplaced_at = None
+        self._remove_lost(target)
+        before = len(self.actors)
         self._admit_ready()
         self._expire_joiners(target, missing_room)
         wanted = len(self.actors) + len(self.joining) if self.unplaced_at is not None else target
         while len(self.actors) + len(self.joining) < wanted:
-            bundle = self.free_bundles.pop(0) if self.free_bundles else None
+            bundle = self._next_bundle()
+            if bundle == WAIT:
+                break
             actor = self.spawn(bundle)
             self.joining[actor.pid.remote()] = Joiner(actor, bundle, time.monotonic())
         while self.joining and len(self.actors) + len(self.joining) > target:
@@ -191,8 +218,54 @@ class ExplorerPool:
                      + (f" ({len(self.joining)} loading)" if self.joining else ""))
         return self.size()
 
+    def _next_bundle(self) -> int | None:
+        """Where the next explorer goes: a freed bundle Ray has placed; WAIT while the freed ones wait for room
+        (a lost explorer's replacement goes into its bundle, not elsewhere); None (anywhere) when none is free."""
+        if not self.free_bundles:
+            return None
+        for bundle in self.free_bundles:
+            if self.bundle_ready(bundle):
+                self.free_bundles.remove(bundle)
+                return bundle
+        return WAIT
+
+    def _remove_lost(self, target: int) -> None:
+        """Stop explorers unreachable for `lost_after_s` (checked once more: one that answers stays); the last
+        one stays. Nothing is in flight here, so positions may shift."""
+        if self.lost_after_s is None:
+            return
+        now = time.monotonic()
+        overdue = [a for a in self.actors if now - self.down_since.get(a, now) > self.lost_after_s]
+        if not overdue:
+            return
+        # A call to a restarting actor fails within ~2 s; one that came back since its last failure answers.
+        probes = {a.pid.remote(): a for a in overdue}
+        for ref, actor in probes.items():
+            try:
+                ray.get(ref)
+            except RayActorError:
+                continue
+            self.down_since.pop(actor, None)
+            overdue.remove(actor)
+        for actor in overdue:
+            if len(self.actors) == 1:
+                break
+            i = self.actors.index(actor)
+            down = now - self.down_since.pop(actor)
+            self._drop(Joiner(self.actors.pop(i), self.bundles.pop(i), 0.0))
+            # per-position bookkeeping follows the explorers after i down by one
+            self.deaths = {j - (j > i): n for j, n in self.deaths.items() if j != i}
+            self.mark = {j - (j > i): n for j, n in self.mark.items() if j != i}
+            self.lost_unreported += 1
+            self.unplaced_at = None  # the pool is short of its target again: try it again
+            self.log(f"{self.name_of(actor)} unreachable for {down:.0f} s (cluster.explorers.lost_after_s "
+                     f"{self.lost_after_s:g}; still restarting: its node left with no room elsewhere, or it cannot "
+                     f"start): removed, {len(self.actors)} explorer(s) take its slots; a new one is started when "
+                     f"the cluster has room for it again (back to {target})")
+
     def _drop(self, joiner: Joiner) -> None:
         ray.kill(joiner.actor, no_restart=True)
+        self.down_since.pop(joiner.actor, None)
         if joiner.bundle is not None:
             self.free_bundles.append(joiner.bundle)
 

@@ -20,7 +20,8 @@ def rows_by_check(config) -> dict:
 def test_the_embedded_preset_passes_every_check(capsys):
     assert main(["--config", "configs/embedded.yaml"]) == 0
     out = capsys.readouterr().out
-    assert out.count("ok  ") == 6  # inputs, resources, backend, plan, memory, shm
+    assert out.count("ok  ") == 7  # inputs, resources, learners, backend, plan, memory, shm
+    assert "ok    learners   8 slots on one learner rank: nothing to balance" in out
     # the official rule on the embedded model: its 4 blocks' 2 FFN Linears, 131 k of 582 k parameters
     assert "8 of 60 Linears in nvfp4: 0.1 M of 0.6 M transformer parameters (23%)" in out
 
@@ -99,11 +100,12 @@ def test_every_shipped_preset_prints_every_row_at_once(preset, capsys):
     printed; the model's rows say what they would need when its folder is not there."""
     main(["--config", f"configs/{preset}"])
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[1] for line in lines] == ["inputs", "resources", "backend", "plan", "memory", "shm"], lines
-    for line in lines[3:]:
+    assert [line.split()[1] for line in lines] == ["inputs", "resources", "learners", "backend", "plan", "memory",
+                                                   "shm"], lines
+    for line in lines[4:]:
         assert line.startswith(("ok  ", "FAIL", "warn")) or "not evaluated: " in line, line
-    if "not evaluated" in lines[3]:
-        assert "not evaluated: model.path: " in lines[3]
+    if "not evaluated" in lines[4]:
+        assert "not evaluated: model.path: " in lines[4]
 
 
 def test_the_memory_row_compares_each_actor_with_its_gpu_share():
@@ -146,3 +148,24 @@ def test_the_backend_row_says_what_the_explorers_gpu_will_run():
     assert "fp8 runs real FP8 GEMMs here" in row.detail and "explore.allow_emulation=true" in row.detail
     row, choice = backend_row(tiny_config("explore.precision=nvfp4", "explore.allow_emulation=true"), hopper, "H200")
     assert row.ok is None and choice.emulated  # a warning: it runs, slower than BF16
+
+
+def test_the_learners_row_says_what_uneven_slots_cost():
+    """48 slots over 5 learner ranks: a warning naming the idle rank-time and the fixes; the presets' 4 ranks
+    divide them."""
+    from cluster.check import learners_row
+
+    row = learners_row(load_config("configs/sd35_large.yaml", ["cluster.learner.count=5",
+                                                                "cluster.explorers.count=3"]))
+    assert row.ok is None  # a warning: it runs, 4% of the learners' time waiting on the busiest rank
+    assert row.detail == (
+        "48 slots over 5 learner ranks: the busiest trains 10, the ideal 9.6; 4% of learner time idle each "
+        "iteration; L = 4 or 6 divides 48 evenly (ranks 2–4 train 10, ranks 0–1 train 9: rank 0, which also "
+        "publishes, is among the lighter); to balance, set cluster.learner.count to 4 or 6, or "
+        "prompts.per_iteration to 45 or 50 (multiples of 5)")
+    even = learners_row(load_config("configs/flux_dev.yaml"))
+    assert (even.ok, even.detail) == (True, "48 slots over 4 learner ranks: 12 each, none idle")
+    seven = learners_row(load_config("configs/sd35_large.yaml", ["cluster.learner.count=7",
+                                                                   "cluster.explorers.count=1"]))
+    assert seven.ok is None and "the busiest trains 7, the ideal 6.86; 2% of learner time idle" in seven.detail
+    assert seven.detail.endswith("prompts.per_iteration to 42 or 49 (multiples of 7)")

@@ -159,6 +159,58 @@ def test_a_crash_loop_ends_the_job_naming_the_explorer(local_ray):
     ray.kill(actor, no_restart=True)
 
 
+@ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)
+class StuckExplorer:
+    """Dies in its first explore call and never comes back: its restart never ends, so Ray keeps it
+    "restarting", as it does an explorer whose node left with no room elsewhere."""
+
+    def __init__(self, started: str) -> None:
+        if os.path.exists(started):  # the restart
+            time.sleep(3600)
+        open(started, "w").close()
+
+    def explore(self, iteration, slot, prompt, version):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@ray.remote(num_cpus=0)
+class SteadyExplorer:
+    def explore(self, iteration, slot, prompt, version):
+        return slot
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_an_explorer_unreachable_past_the_deadline_is_removed_and_replaced(local_ray, tmp_path):
+    """Its slot goes to the other explorer; at the next resize past `lost_after_s` it is stopped, counted and
+    logged, and the pool asks for a new one to reach its target again (outside a placement group: anywhere)."""
+    stuck, steady = StuckExplorer.remote(str(tmp_path / "started")), SteadyExplorer.remote()
+    logged: list[str] = []
+    pool = ExplorerPool([stuck, steady], spawn=lambda _bundle: SteadyExplorer.remote(), lost_after_s=0.5,
+                        name_of=lambda actor: "solrl-explorer-0" if actor == stuck else "?", log=logged.append)
+    stats: dict = {}
+    assert pool.collect(pool.submit(0, [(0, "a"), (1, "b")], 0), stats) == [0, 1]
+    assert stats["explorer_deaths"] == 1 and stats["explorer_retries"] == 1
+    time.sleep(0.5)  # past the deadline, whatever the machine's pace
+    assert pool.resize(2) == {"explorers": 1, "explorers_joining": 1}
+    assert pool.actors == [steady]
+    assert pool.report() == {"explorers": 1, "explorers_joining": 1, "explorers_lost": 1}
+    assert pool.report() == {"explorers": 1, "explorers_joining": 1}  # counted once
+    assert len(logged) == 1 and logged[0].startswith("solrl-explorer-0 unreachable for "), logged
+    assert logged[0].endswith("removed, 1 explorer(s) take its slots; a new one is started when the cluster has "
+                              "room for it again (back to 2)")
+    ray.get(list(pool.joining))
+    assert pool.resize(2) == {"explorers": 2, "explorers_joining": 0}
+    assert pool.collect(pool.submit(1, [(0, "a"), (1, "b")], 0), stats) == [0, 1]
+    assert stats["explorer_retries"] == 1  # no slot went to the removed one
+    for actor in pool.all_actors():
+        ray.kill(actor, no_restart=True)
+
+
 # ---- a crashed learner, resumed -------------------------------------------------------------------------
 def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, reference_weights, capsys):
     cfg, run_dir = config("eval.every=1"), tmp_path / "run"

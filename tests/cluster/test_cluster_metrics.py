@@ -1,7 +1,8 @@
 """Dashboard metrics, scraped from the node's Prometheus endpoint of a cluster of this test's own
 (no other job's series can mix in), checked for their values, not only their names — with one explorer
-death, so the fault counters are checked too, and a reward scorer, so its series are there. The same
-scrape checks the Grafana dashboard: every series a panel queries is one the job really exports."""
+death mid-run, so the fault counters are checked too and the job's exploration totals must survive it, and
+a reward scorer, so its series are there. The same scrape checks the Grafana dashboard: every series a
+panel queries is one the job really exports."""
 
 from __future__ import annotations
 
@@ -47,10 +48,11 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
                           f"run.iterations={ITERATIONS}", f"eval.every={ITERATIONS}", "cluster.scorers.count=1",
                           "cluster.scorers.num_cpus=0.25",
                           ray=True)
-        # The explorer dies once, in its very first slot: before it counted anything, because a dead
-        # process's series leave the endpoint with it (Ray drops them; counts are per process).
+        # The only explorer dies once, mid-run: in its third slot (iteration 1's first), after it counted
+        # iteration 0's two groups and one snapshot. Ray drops a dead process's series with it, so its own
+        # counters restart from 0; the job's totals are the driver's and lose nothing.
         def arm(job, _status) -> None:
-            ray.get(job.explorers[0].__ray_call__.remote(die_on_explore_call, 1))
+            ray.get(job.explorers[0].__ray_call__.remote(die_on_explore_call, 3))
 
         logged: list[str] = []
         job, history = driver.run(cfg, str(tmp_path / "metrics"), log=logged.append, on_start=arm)
@@ -59,14 +61,20 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
         # the run is over: the scorer's own record of what it scored is final
         batches = ray.get(ray.get_actor("solrl-scorer-0", namespace=job.namespace).batch_sizes.remote())
         port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
+        # Every slot was explored once to completion (the one the explorer died in never arrived, its retry
+        # did); each iteration loaded one snapshot (v0, then v1 in the restarted process).
         wanted = {"ray_solrl_policy_version": ITERATIONS,
-                  "ray_solrl_explored_candidates_total": ITERATIONS * PROMPTS * CANDIDATES,
+                  "ray_solrl_job_explored_candidates_total": ITERATIONS * PROMPTS * CANDIDATES,
+                  "ray_solrl_job_weight_syncs_total": ITERATIONS,
+                  # the restarted process's own count: iteration 1 only
+                  "ray_solrl_explored_candidates_total": PROMPTS * CANDIDATES,
+                  "ray_solrl_weight_syncs_total": 1,
                   "ray_solrl_explorer_deaths_total": 1,
                   "ray_solrl_explorer_retries_total": sum(m.get("explorer_retries", 0) for m in history)}
         deadline, values, labels = time.time() + 60, {}, {}
         while time.time() < deadline:  # metrics reach the endpoint every few seconds
             values, labels = scrape(port)
-            if all(values.get(k) == v for k, v in wanted.items()) and "ray_solrl_weight_syncs_total" in values \
+            if all(values.get(k) == v for k, v in wanted.items()) \
                     and values.get("ray_solrl_scorer_images_total") == sum(batches):
                 break
             time.sleep(2)
@@ -88,7 +96,15 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
         assert f"kept reward {row['reward_mean']:7.3f}" in line and f"train {row['train_s']:.1f}s" in line
     assert f"held-out {rows[-1]['eval_reward']:7.3f}" in lines[-1]
     assert values["ray_solrl_explorer_retries_total"] >= 1
-    assert values["ray_solrl_weight_syncs_total"] >= ITERATIONS  # versions 0 and 1 (2 is never needed)
+    # the driver's totals are the records' sums: what every group that arrived reported
+    assert [m["explored_candidates"] for m in rows] == [PROMPTS * CANDIDATES] * ITERATIONS
+    assert sum(m["explorer_syncs"] for m in rows) == ITERATIONS  # versions 0 and 1 (2 is never needed)
+    for series, key in (("ray_solrl_job_explorer_busy_seconds_total", "explore_busy_s"),
+                        ("ray_solrl_job_explorer_sync_seconds_total", "explorer_sync_s")):
+        assert values[series] == pytest.approx(sum(m[key] for m in rows), rel=1e-6) and values[series] > 0
+    # the per-process series lost the dead process's share: a sum of them undercounts the job
+    assert values["ray_solrl_explored_candidates_total"] < values["ray_solrl_job_explored_candidates_total"]
+    assert values["ray_solrl_explorers_lost_total"] == 0  # exported at 0 from the start
     assert values["ray_solrl_reward_mean"] == pytest.approx(history[-1]["reward_mean"], rel=1e-6)
     # each configured reward's component, labelled with its name (the only one here: the weighted total itself)
     assert [s["reward"] for s in labels["ray_solrl_reward_component"]] == ["digit_alignment"]

@@ -80,3 +80,34 @@ def test_control_names_the_launcher_holding_a_running_job(tmp_path, capsys):
     while run_lock.running_holder(run) is not None:  # released with the holder's death
         assert time.time() < deadline
         time.sleep(0.1)
+
+
+def test_a_hold_waits_between_iterations_until_released_and_keeps_the_explorer_count(tmp_path, capsys):
+    """`--hold-before N` holds iteration N and every later one (not an earlier one); `--release` clears only
+    the hold; the driver's wait logs where it holds and how to continue."""
+    import threading
+
+    run = make_run(tmp_path / "run", "cluster.explorers.max=2")
+    assert control.main([str(run), "--explorers", "2"]) == 0
+    assert control.main([str(run), "--hold-before", "3"]) == 0
+    assert control_file.read_control(run) == control_file.Control(explorers=2, hold_before=3)
+    logged: list[str] = []
+    assert control_file.hold_if_asked(run, 2, logged.append) == 0.0 and logged == []
+
+    held = threading.Thread(target=lambda: logged.append(f"waited {control_file.hold_if_asked(run, 4, logged.append)}"))
+    held.start()
+    deadline = time.time() + 30
+    while not logged and time.time() < deadline:
+        time.sleep(0.05)
+    assert logged == [f"held before iteration 4 by {run / control_file.CONTROL_FILE}; continue with: "
+                      f"python -m cluster.control {run} --release"]
+    assert held.is_alive()
+    assert control.main([str(run), "--release"]) == 0
+    held.join(timeout=30)
+    assert not held.is_alive()
+    assert logged[1].startswith("released after ") and logged[1].endswith(" s: iteration 4 starts")
+    assert float(logged[2].removeprefix("waited ")) > 0
+    assert control_file.read_control(run) == control_file.Control(explorers=2)
+    with pytest.raises(SystemExit):
+        control.main([str(run)])
+    assert "say what to change: --explorers N, --hold-before N or --release" in capsys.readouterr().err

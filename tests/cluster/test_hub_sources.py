@@ -66,8 +66,8 @@ def test_the_model_and_a_reward_folder_resolve_by_repo_id_to_their_snapshots(cac
 def test_every_preflight_row_is_evaluated_on_a_model_given_by_repo_id(cached):
     rows = run_checks(config_with("model.path=solrl-test/embedded-digits"))
     assert [(row.check, row.ok, row.evaluated) for row in rows if row.check != "backend"] == [
-        ("inputs", True, True), ("resources", True, True), ("plan", True, True), ("memory", True, True),
-        ("shm", True, True)]
+        ("inputs", True, True), ("resources", True, True), ("learners", True, True), ("plan", True, True),
+        ("memory", True, True), ("shm", True, True)]
 
 
 def test_a_missing_model_repo_names_the_download_command(hub_cache):

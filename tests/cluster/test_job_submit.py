@@ -132,14 +132,15 @@ def test_ray_job_submit_runs_the_embedded_job_with_authentication_on(ray_head, t
                            timeout=300, capture_output=True, text=True, cwd=REPO)
     assert check.returncode == 1, (check.stdout + check.stderr)[-3000:]
     rows = check.stdout.splitlines()
-    assert [row.split()[:2] for row in rows] == [["FAIL", "inputs"], ["FAIL", "resources"], ["ok", "backend"],
-                                                 ["ok", "plan"], ["ok", "memory"], ["ok", "shm"]], check.stdout
+    assert [row.split()[:2] for row in rows] == [["FAIL", "inputs"], ["FAIL", "resources"], ["ok", "learners"],
+                                                 ["ok", "backend"], ["ok", "plan"], ["ok", "memory"], ["ok", "shm"]], \
+        check.stdout
     assert rows[0].startswith("FAIL  inputs     reward.options.hpsv2.path: xswu/HPSv2 is not in the Hugging Face cache")
     assert (f"FAIL  resources  bundles need 8 GPU, 64 CPU; the cluster at {env['SOLRL_TEST_GCS']} has 1 GPU, 2 CPU: "
             "add nodes or lower cluster.*.num_gpus") in check.stdout
     # the GPU's memory is read on the cluster by a one-GPU task: here a logical GPU, with no CUDA device behind it
-    assert rows[4].endswith(f"not compared with a GPU's memory (the cluster at {env['SOLRL_TEST_GCS']} has logical "
-                            "GPUs without a CUDA device behind them)"), rows[4]
+    assert rows[5].endswith(f"not compared with a GPU's memory (the cluster at {env['SOLRL_TEST_GCS']} has logical "
+                            "GPUs without a CUDA device behind them)"), rows[5]
 
     relative = submit(address, env, "--config", "configs/embedded.yaml", "--run-dir", "runs/lost")
     output = relative.stdout + relative.stderr

@@ -3,12 +3,14 @@ Trainer on its own slots, against one Trainer on every slot, for each objective.
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
 import torch.multiprocessing as mp
 from tiny import tiny_config
 
-from learner.data_parallel import Shard, join, owner_of
+from learner.data_parallel import LearnerGroupUnreachable, Shard, join, owner_of, slot_balance
 from learner.trainer import Trainer
 
 TOLERANCE = 1e-6  # fp32 rounding of a sum formed in another order (learner/data_parallel.py)
@@ -33,6 +35,12 @@ def _rank(rank: int, world: int, address: str, overrides: list[str], out: str) -
                 "history": history}, f"{out}/rank{rank}.pt")
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _alone(overrides: list[str]) -> tuple[dict, list]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -47,17 +55,75 @@ def _alone(overrides: list[str]) -> tuple[dict, list]:
         torch.set_num_threads(threads)
 
 
+def slots_per_rank(slots: int, world: int) -> list[int]:
+    counts = [0] * world
+    for slot in range(slots):
+        counts[owner_of(slot, slots, world)] += 1
+    return counts
+
+
 def test_slots_are_partitioned_by_rank():
-    assert [owner_of(s, 3) for s in range(7)] == [0, 1, 2, 0, 1, 2, 0]
-    assert [s for s in range(5) if Shard(1, 2).owns(s)] == [1, 3]
+    assert [owner_of(s, 6, 3) for s in range(6)] == [0, 1, 2, 0, 1, 2]
+    # 7 over 3: the short last round (slot 6) goes to the last rank, not to rank 0
+    assert [owner_of(s, 7, 3) for s in range(7)] == [0, 1, 2, 0, 1, 2, 2]
+    assert [s for s in range(5) if Shard(1, 2).owns(s, 5)] == [1, 3, 4]
+    assert [s for s in range(5) if Shard(0, 2).owns(s, 5)] == [0, 2]
     with pytest.raises(ValueError, match="rank 2 is not in a group of 2"):
         Shard(2, 2)
+    with pytest.raises(ValueError, match="slot 48 is not one of the iteration's 48 slots"):
+        owner_of(48, 48, 5)
+
+
+def test_48_slots_over_5_ranks_leave_rank_0_a_light_share():
+    owners = [owner_of(s, 48, 5) for s in range(48)]
+    assert owners[:45] == [s % 5 for s in range(45)]  # nine full rounds, as s mod L
+    assert owners[45:] == [2, 3, 4]  # the short round on the last ranks
+    assert slots_per_rank(48, 5) == [9, 9, 10, 10, 10]
+    assert slots_per_rank(10, 4) == [2, 2, 3, 3]
+    assert slots_per_rank(48, 7) == [6, 7, 7, 7, 7, 7, 7]
+    assert slots_per_rank(3, 5) == [0, 0, 1, 1, 1]  # more ranks than slots (the config refuses it)
+
+
+def test_the_partition_is_balanced_and_total_for_every_shape():
+    for world in range(1, 13):
+        for slots in range(1, 61):
+            owners = [owner_of(s, slots, world) for s in range(slots)]
+            assert all(0 <= rank < world for rank in owners)
+            counts = slots_per_rank(slots, world)
+            assert sum(counts) == slots  # every slot has exactly one owner
+            assert set(counts) <= {slots // world, -(-slots // world)}
+            if slots % world == 0:
+                assert owners == [s % world for s in range(slots)]  # as before: existing runs unchanged
+            elif slots > world:
+                assert counts[0] == slots // world  # rank 0 (it also publishes) never takes an extra slot
+            # the ranks' own view agrees with the driver's
+            assert [[s for s in range(slots) if Shard(r, world).owns(s, slots)] for r in range(world)] == \
+                [[s for s in range(slots) if owners[s] == r] for r in range(world)]
+
+
+def test_slot_balance_says_what_an_uneven_partition_costs():
+    uneven = slot_balance(48, 5)
+    assert (uneven.busiest, uneven.ideal, uneven.even_rank_counts) == (10, 9.6, (4, 6))
+    assert uneven.idle_share == pytest.approx((5 * 10 - 48) / (5 * 10))  # 0.04
+    assert uneven.busiest == max(slots_per_rank(48, 5))
+    assert uneven.describe() == (
+        "48 slots over 5 learner ranks: the busiest trains 10, the ideal 9.6; 4% of learner time idle each "
+        "iteration; L = 4 or 6 divides 48 evenly (ranks 2–4 train 10, ranks 0–1 train 9: rank 0, which also "
+        "publishes, is among the lighter)")
+    assert slot_balance(7, 2).describe().startswith(
+        "7 slots over 2 learner ranks: the busiest trains 4, the ideal 3.5; 12.5% of learner time idle each "
+        "iteration; L = 1 or 7 divides 7 evenly (rank 1 trains 4, rank 0 trains 3:")
+    assert slot_balance(48, 47).even_rank_counts == (24, 48)
+    even = slot_balance(48, 4)
+    assert (even.even, even.busiest, even.idle_share, even.even_rank_counts) == (True, 12, 0.0, ())
+    assert even.describe() == "48 slots over 4 learner ranks: 12 each, none idle"
+    assert slot_balance(48, 1).describe() == "48 slots on one learner rank: nothing to balance"
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_two_ranks_train_like_one_learner(objective, tmp_path):
     overrides = OBJECTIVES[objective]
-    address = f"file://{tmp_path / 'rendezvous'}"
+    address = f"tcp://127.0.0.1:{_free_port()}"
     mp.start_processes(_rank, args=(2, address, overrides, str(tmp_path)), nprocs=2, start_method="spawn")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     # identical on every rank, bit for bit: the step, the soft update (what rank 0 publishes)
@@ -76,3 +142,20 @@ def test_two_ranks_train_like_one_learner(objective, tmp_path):
         assert group[0][key] == history[0][key]
         assert [m[key] for m in group] == pytest.approx([m[key] for m in history], rel=1e-5)
     assert [m["loss"] for m in group] == pytest.approx([m["loss"] for m in history], rel=1e-4)
+
+
+def test_a_rendezvous_nobody_answers_ends_in_one_line_within_the_timeout():
+    address = f"tcp://127.0.0.1:{_free_port()}"  # closed again: nothing listens there
+    with pytest.raises(LearnerGroupUnreachable) as caught:
+        join(address, Shard(1, 2), timeout_s=2)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"learner rank 1 on host {socket.gethostname()} (127.0.0.1) could not reach rank 0's "
+                              f"rendezvous at {address} within 2 s (")
+    assert "cluster.learner.collective_timeout_s" in message
+
+
+def test_an_interface_this_host_lacks_is_refused_before_anything_connects():
+    with pytest.raises(LearnerGroupUnreachable, match=r"^learner rank 1 on 127\.0\.0\.1: cluster\.learner\.network\."
+                                                      r"interface='nope0': host .* has no such interface"):
+        join(f"tcp://127.0.0.1:{_free_port()}", Shard(1, 2), timeout_s=2, interface="nope0")

@@ -1,0 +1,101 @@
+"""A node that leaves for good, on a Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`),
+each with room for exactly one actor: an explorer's node removed leaves Ray no room to restart it, so it stays
+"restarting". After `cluster.explorers.lost_after_s` the pool removes it (logged, counted, the `explorers` row
+drops) and the run goes on with the other; a node added back gets a weight-sync service, Ray places the freed
+bundle there, and the pool grows back with a new explorer on it. The weights are the single process's."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import ray
+from jobs import assert_same, final_weights, single_process
+from ray.cluster_utils import Cluster
+from ray.util.placement_group import placement_group_table
+from test_multinode import FAST_HEALTH_CHECK, node_of
+from tiny import tiny_config
+
+from cluster.runtime import driver
+
+pytestmark = pytest.mark.ray
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+LOST_AFTER_S = 1.0
+
+
+@pytest.fixture
+def three_single_slot_nodes():
+    """A head and two workers, one CPU each: the learner and two explorers (one CPU each) fill them."""
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        cluster.wait_for_nodes()
+        yield cluster, workers
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s:g} s for {what}"
+        time.sleep(0.2)
+
+
+def test_an_explorer_lost_with_its_node_is_removed_and_the_pool_grows_back_when_room_returns(
+        three_single_slot_nodes, tmp_path):
+    cluster, workers = three_single_slot_nodes
+    cfg = tiny_config("run.iterations=5", "cluster.explorers.count=2", "cluster.explorers.num_cpus=1",
+                      "cluster.learner.num_cpus=1", f"cluster.explorers.lost_after_s={LOST_AFTER_S}", ray=True)
+    logged: list[str] = []
+    seen: dict = {}
+
+    def steer(job, row) -> None:
+        i = row["iteration"]
+        if i == 0:  # an explorer's node leaves; the other two nodes are full
+            nodes = ray.get([e.__ray_call__.remote(node_of) for e in job.explorers])
+            worker_of = {w.node_id: w for w in workers}
+            victim = next(k for k, node in enumerate(nodes) if node in worker_of)
+            seen["victim"] = job.explorer_names[job.explorers[victim]]
+            cluster.remove_node(worker_of[nodes[victim]])
+        elif i == 1:  # its slot failed (~2 s) and went to the other explorer; let the deadline pass
+            time.sleep(LOST_AFTER_S)
+        elif i == 2:  # removed at iteration 2: now a node with room joins, and Ray places the freed bundle there
+            seen["bundle"] = bundle = job.pool.free_bundles[0]
+            seen["new_node"] = cluster.add_node(num_cpus=1).node_id
+            wait_for(lambda: placement_group_table(job.placement)["bundles_to_node_id"][bundle] == seen["new_node"],
+                     "the freed bundle to be placed on the new node")
+        elif i == 3:  # the new explorer is started at iteration 3: it joins once loaded
+            ray.get(list(job.pool.joining))
+
+    job, history = driver.run(cfg, str(tmp_path / "run"), log=logged.append, on_iteration=steer)
+    try:
+        weights = final_weights(job, tmp_path / "run" / "final")
+        grown = job.explorers[-1]
+        placed = ray.get(grown.__ray_call__.remote(node_of))
+        name = job.explorer_names[grown]
+    finally:
+        driver.stop(job)
+    assert [(m["explorers"], m["explorers_joining"]) for m in history] == [(2, 0), (2, 0), (1, 0), (1, 1), (2, 0)]
+    assert [m.get("explorers_lost", 0) for m in history] == [0, 0, 1, 0, 0]
+    assert history[1]["explorer_retries"] >= 1 and "explorer_retries" not in history[2]  # no slot sent to it
+    lost = [line for line in logged if line.startswith(f"{seen['victim']} unreachable for ")]
+    assert len(lost) == 1, logged
+    assert "(cluster.explorers.lost_after_s 1; still restarting: its node left with no room elsewhere, or it " \
+           "cannot start): removed, 1 explorer(s) take its slots; a new one is started when the cluster has room " \
+           "for it again (back to 2)" in lost[0]
+    assert f"node {seen['new_node'][:8]} joined the cluster: its weight-sync service is up, explorers can run " \
+           "there" in logged
+    assert "explorers 1 → 2" in logged
+    assert placed == seen["new_node"] and name == "solrl-explorer-2"  # a new explorer, in the freed bundle
+    assert [m["explored_candidates"] for m in history] == [16] * 5  # every slot explored, once
+    assert_same(weights, single_process(cfg))
+    left = [n for n in ray.util.list_named_actors(all_namespaces=True) if "solrl" in str(n)]
+    assert not left, f"named actors left behind: {left}"
