@@ -120,9 +120,11 @@ class Learner:
         return {"iteration": self.trainer.iteration, "version": self.trainer.version, "pid": os.getpid(),
                 "rank": self.shard.rank}
 
-    @ray.method(concurrency_group="sync")
+    @ray.method(concurrency_group="republish")
     def ensure_published(self) -> list[str]:
-        """Re-send the newest snapshot to services that lost it (restarted); their node ids."""
+        """Re-send the newest snapshot to services that lost it (restarted); their node ids. A group of its
+        own: a service fed through the object store pulls the snapshot back through `snapshot` ("sync")
+        while this waits for it, and the default group may be busy regenerating."""
         return self.publisher.republish()
 
     def add_services(self, services: dict[str, Any]) -> list[str]:

@@ -102,9 +102,10 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str, log: Cal
                      threads=c.scorers.threads, index=i, run=run)
             for i in range(c.scorers.count)
         ]
-        # One call at a time, in the driver's order (they share the model); "sync": snapshot pulls during train.
+        # One call at a time, in the driver's order (they share the model); "sync": snapshot pulls during train;
+        # "republish": re-sends to restarted services, which wait on those pulls.
         job.learners = [
-            ray.remote(concurrency_groups={"sync": 1})(Learner).options(
+            ray.remote(concurrency_groups={"sync": 1, "republish": 1})(Learner).options(
                 name=actor_name("learner", rank), namespace=namespace, num_cpus=c.learner.num_cpus,
                 num_gpus=c.learner.num_gpus, scheduling_strategy=_bundle(job, rank), max_concurrency=1,
             ).remote(config, run_dir, job.services, resume=resume, codec=c.codec, threads=c.learner.threads,

@@ -303,6 +303,31 @@ def test_a_restarted_sync_service_is_republished_to(local_ray, tmp_path, referen
     assert_same(weights, reference_weights)
 
 
+def publish_through_the_object_store(learner) -> None:
+    """As for a service on another node: snapshots travel as objects the service pulls from the learner."""
+    learner.publisher.local = None
+
+
+def test_a_restarted_service_fed_through_the_object_store_is_republished_to(local_ray, tmp_path, reference_weights,
+                                                                            restart_sync_service):
+    """The republish waits for the service to pull the snapshot from the learner (`snapshot`): both must not
+    share one concurrency group, or the republish would wait for itself forever."""
+    restarted = []
+
+    def restart_service(job, metrics) -> None:
+        if metrics["iteration"] == 0:
+            ray.get(job.learner.__ray_call__.remote(publish_through_the_object_store))
+            restart_sync_service(next(iter(job.services.values())))
+            republished = job.learner.ensure_published.remote()
+            ready, _ = ray.wait([republished], timeout=120)
+            assert ready, "the republish to a restarted service did not return within 120 s"
+            restarted.append(ray.get(republished))
+
+    weights, _ = run_job(config(), tmp_path / "svc", on_iteration=restart_service)
+    assert restarted == [[next(iter(ray.nodes()))["NodeID"]]]
+    assert_same(weights, reference_weights)
+
+
 # ---- non-finite values on the Ray path ------------------------------------------------------------------
 def test_nan_reward_and_nan_loss_skip_the_update_and_publish_nothing(local_ray, tmp_path):
     """Iteration 1 regenerates one NaN reward, iteration 2 computes only NaN losses: both updates are
