@@ -27,7 +27,10 @@ from diffusion.prompts import load_prompt_set
 from learner.rollouts import RankedGroup, Sampling, explore_group
 from rewards import build_reward_from_config
 from rewards.config import RewardConfig
+from weight_sync.service import find_service
 from weight_sync.subscriber import WeightSubscriber
+
+SERVICE_WAIT_S = 120.0  # for a node that joined after the start: the driver starts its service within seconds
 
 
 class Explorer:
@@ -44,19 +47,21 @@ class Explorer:
         self.sampling, self.run_seed, self.candidates = sampling, run_seed, candidates
         self.prompt_set = load_prompt_set(prompt_source)
         self.policy = load_policy_from_config(model)
-        self.engine = ExploreEngine(self.policy, explore)
+        # The engine is the policy's own transformer, quantized in place: the explorer samples only through
+        # it, so it holds one transformer, not the policy's and a copy (the lora codec's base weights are
+        # copied by the subscriber, of the adapted layers only).
+        self.engine = ExploreEngine(self.policy, explore, in_place=True)
         # What this explorer really runs (real FP8/NVFP4 GEMMs or an emulation), in its log for the dashboard.
         print(f"{self.name}: explore engine {self.engine.plan.summary}", flush=True)
         self.reward = RemoteReward(scorers, reward) if scorers else build_reward_from_config(reward)
-        # The policy's own transformer stays the unmodified base (the engine is a copy): the lora codec
-        # merges adapters into it without another copy of the model.
-        base = self.policy.transformer.state_dict()
         node = ray.get_runtime_context().get_node_id()
-        if node not in services:
-            raise RuntimeError(f"no weight-sync service on node {node}: it joined after the job started; "
-                               "restart the job to include it")
-        service = services[node]
-        self.subscriber = WeightSubscriber(service, self.engine, base=base)
+        # A node that joined after the job started (this explorer restarted there) gets its service from the
+        # driver soon after; the handles given at the start do not name it.
+        service = services.get(node) or find_service(node, namespace=run, wait_s=SERVICE_WAIT_S)
+        if service is None:
+            raise RuntimeError(f"no weight-sync service on node {node} within {SERVICE_WAIT_S:g} s: the driver "
+                               "starts one for each node that joins; is the driver alive?")
+        self.subscriber = WeightSubscriber(service, self.engine)
         self.metrics = ExplorerMetrics(run, index)
 
     def __repr__(self) -> str:  # Ray's log prefix and the dashboard's name for it

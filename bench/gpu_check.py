@@ -194,8 +194,8 @@ def peak_gib(device: torch.device, fn: Callable[[], Any]) -> float | None:
 
 def step_price(model: Model, device: torch.device, dtype: torch.dtype, tiny: bool, repeats: int,
                budget_s: float) -> dict[str, Any]:
-    """One model's section: s/step/sample per engine (each built alone, so its peak is an explorer's: the
-    policy's transformer plus that engine), their ratios, the FP8 refresh, the learner step."""
+    """One model's section: s/step/sample per engine (each built alone, so its peak less the source
+    transformer is an explorer's: that engine alone), their ratios, the FP8 refresh, the learner step."""
     facts = device_facts(device)
     transformer = random_transformer(model, device, dtype)
     batch = model.explore_batch
@@ -212,7 +212,12 @@ def step_price(model: Model, device: torch.device, dtype: torch.dtype, tiny: boo
                 model.family.velocity(module, x, sigma, cond)
 
         row[f"{label}_s_per_sample_step"] = seconds(step, device, repeats=repeats, budget_s=budget_s) / batch
-        row[f"{label}_explorer_peak_gib"] = peak_gib(device, step)
+        peak = peak_gib(device, step)
+        # An explorer's engine is its policy's transformer quantized in place: the source this bench keeps for
+        # the next engine is not an explorer's (the bf16 "engine" is that transformer itself).
+        source = 0.0 if module is transformer else sum(
+            t.numel() * t.element_size() for t in (*transformer.parameters(), *transformer.buffers())) / GiB
+        row[f"{label}_explorer_peak_gib"] = None if peak is None else peak - source
         row[f"{label}_layers"], row[f"{label}_backend"] = layers, backend
         if label == "fp8":
             row.update(refresh_price(module, transformer, device))

@@ -5,8 +5,11 @@
 Each model is built on the meta device from its published configuration (the transformer, its text
 encoders and its VAE, as in the diffusers-format releases), and `cluster.check.estimate_memory` — the
 preflight's formulas — gives GiB per learner and per explorer at the preset's settings, with and
-without the memory options (gradient checkpointing, text encoders off the GPU). Estimates, not
-measurements: no GPU here can hold these models.
+without the memory options (gradient checkpointing, text encoders off the GPU), and with the lora
+codec. An explorer holds one transformer (its engine is the policy's own, quantized in place); it held
+two before (the policy's and the engine's copy): `explorer_saved` is the difference, one transformer
+less the LoRA base weights the lora codec keeps. Estimates, not measurements: no GPU here can hold
+these models.
 """
 
 from __future__ import annotations
@@ -79,8 +82,11 @@ def estimate(preset: str, family, transformer: nn.Module, text: dict[str, int], 
         vae.save_config(folder / "vae")  # what the latent shape reads
         config = load_config(f"configs/{preset}.yaml", [f"model.path={folder}", *overrides])
         params = {"transformer": _count(transformer), **text, "vae": _count(vae)}
-        return {**estimate_memory(config, transformer, family, params),
-                **{f"{k}_params_b": v / 1e9 for k, v in params.items()}}
+        m = estimate_memory(config, transformer, family, params)
+        # the engine's copy an explorer no longer holds, less the LoRA base it keeps instead (lora codec)
+        copy = params["transformer"] * (4 if config.model.dtype == "float32" else 2) / 2**30
+        return {**m, "explorer_saved": copy - m["explorer_lora_base"], "explorer_before": m["explorer"] + copy
+                - m["explorer_lora_base"], **{f"{k}_params_b": v / 1e9 for k, v in params.items()}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,10 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     options = {"as preset": [], "no memory options": ["training.gradient_checkpointing=false",
-                                                      "model.offload_text_encoders=false"]}
+                                                      "model.offload_text_encoders=false"],
+               "lora codec": ["cluster.codec=lora"]}
     results: dict[str, dict[str, dict[str, float]]] = {}
     print("| preset | setting | transformer (B) | text encoders (B) | learner GiB | of which activations | "
-          "explorer GiB |\n|---|---|---|---|---|---|---|")
+          "explorer GiB | before (two transformers) | saved |\n|---|---|---|---|---|---|---|---|---|")
     for preset, (family, transformer, text, vae) in models().items():
         results[preset] = {}
         for name, overrides in options.items():
@@ -99,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
             results[preset][name] = m
             text_b = sum(v for k, v in m.items() if k.startswith("text_encoder"))
             print(f"| {preset} | {name} | {m['transformer_params_b']:.2f} | {text_b:.2f} | {m['learner']:.1f} | "
-                  f"{m['learner_activations']:.1f} | {m['explorer']:.1f} |")
+                  f"{m['learner_activations']:.1f} | {m['explorer']:.1f} | {m['explorer_before']:.1f} | "
+                  f"{m['explorer_saved']:.1f} |")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")

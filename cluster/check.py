@@ -207,7 +207,9 @@ def estimate_memory(config: SolRLConfig, model: nn.Module, family, params: dict[
     """GiB per actor: weights, adapters and optimizer, activations. The formulas (estimates, not measurements):
 
     weights      parameters × 2 bytes (bf16; 4 for float32); the learner's text encoders are not resident with
-                 model.offload_text_encoders; an explorer holds the policy's transformer and its engine's copy
+                 model.offload_text_encoders; an explorer holds one transformer (its engine is the policy's
+                 own, quantized in place) and, with cluster.codec = lora, a copy of the targeted Linears'
+                 weights the adapters merge onto
     LoRA         Σ r·(in + out) over the targeted Linears, fp32 (peft's adapter dtype): θ, θ_old, the EMA,
                  θ's gradient and AdamW's two moments = 7 copies; full training: θ_old, the reference, the EMA
                  and the gradient in the weights' dtype, the two moments in fp32
@@ -230,8 +232,9 @@ def estimate_memory(config: SolRLConfig, model: nn.Module, family, params: dict[
     vae = params.get("vae", 0)
     offload = getattr(config.model, "offload_text_encoders", False)
     checkpointing = getattr(config.training, "gradient_checkpointing", False)
-    lora = sum((m.in_features + m.out_features) * config.training.lora_rank
-               for _, m in lora_layers(config, model, family))
+    targeted = lora_layers(config, model, family)
+    lora = sum((m.in_features + m.out_features) * config.training.lora_rank for _, m in targeted)
+    lora_base = sum(m.in_features * m.out_features for _, m in targeted) if config.cluster.codec == "lora" else 0
     training = 7 * 4 * lora if config.training.mode == "lora" else transformer * (4 * dtype_bytes + 8)
     batch = config.learner.micro_batch
     per_block = 34 * s * batch * width
@@ -239,9 +242,9 @@ def estimate_memory(config: SolRLConfig, model: nn.Module, family, params: dict[
     learner = (transformer + (0 if offload else text) + vae) * dtype_bytes + training + activations * dtype_bytes / 2
     at_once = min(config.prompts.candidates, config.explore.batch_size or config.prompts.candidates)
     sampling = 34 * s * at_once * width  # one block's working set, the candidates sampled at once
-    explorer = (2 * transformer + text + vae) * dtype_bytes + sampling * dtype_bytes / 2
+    explorer = (transformer + lora_base + text + vae) * dtype_bytes + sampling * dtype_bytes / 2
     return {"learner": learner / GiB, "explorer": explorer / GiB, "learner_activations": activations / GiB,
-            "learner_training_state": training / GiB}
+            "learner_training_state": training / GiB, "explorer_lora_base": lora_base * dtype_bytes / GiB}
 
 
 def reward_weights_gib(config: SolRLConfig) -> float:

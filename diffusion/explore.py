@@ -1,7 +1,7 @@
 """The low-precision explore engine of a policy: a quantized copy of its transformer.
 
     plan   = explore_plan(policy, config)        # what the engine is, without copying the model
-    engine = ExploreEngine(policy, config)       # the quantized copy
+    engine = ExploreEngine(policy, config)       # the quantized copy (in_place=True: no copy, see below)
     policy.sample(..., transformer=engine.module)
     engine.load(weights, prequantized=...)       # new policy weights, quantizers refreshed
 
@@ -95,15 +95,21 @@ class ExploreEngine:
 
     ``module`` is what samplers call (``policy.sample(..., transformer=engine.module)``); it has the
     transformer's ``state_dict`` keys. :meth:`load` takes new policy weights.
+
+    ``in_place=True`` quantizes the policy's own transformer instead of a copy and hands the result back
+    to the policy (``policy.transformer is engine.module`` afterwards): a process that samples only
+    through the engine (an explorer) then holds one transformer, not two. Its values are those of the
+    copy, bit for bit; the policy's high-precision transformer is gone, so only a process that never
+    samples or trains with it may ask for this (the learner trains it, and keeps the default copy).
     """
 
     plan: ExplorePlan
     module: nn.Module
 
-    def __init__(self, policy: FlowPolicy, config: ExploreConfig) -> None:
+    def __init__(self, policy: FlowPolicy, config: ExploreConfig, *, in_place: bool = False) -> None:
         self.plan = explore_plan(policy, config)
         if self.plan.precision == "none":
-            self.module = copy.deepcopy(policy.transformer)
+            self.module = policy.transformer if in_place else copy.deepcopy(policy.transformer)
         else:
             self.module = build_engine(
                 policy.transformer,
@@ -111,7 +117,10 @@ class ExploreEngine:
                 self.plan.backend,
                 linears=self.plan.linears,
                 convs=self.plan.convs,
+                in_place=in_place,
             )
+        if in_place:
+            policy.use_transformer(self.module)
 
     def load(
         self,

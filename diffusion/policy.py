@@ -70,6 +70,12 @@ class FlowPolicy:
             for encoder in self.text_encoders.values():
                 encoder.to(self.text_encoder_home)
 
+    def use_transformer(self, module: nn.Module) -> None:
+        """Make `module` the policy's transformer (an explore engine built in place from the old one): the
+        default of `velocity` and `sample`, and what the family reads its config from. The policy keeps no
+        other reference to the old one, so nothing holds a second copy."""
+        self.transformer = self.components["transformer"] = module
+
     # ---- prompts -------------------------------------------------------------------------------
     @torch.inference_mode()
     def encode(self, prompts: Sequence[str]) -> Conditioning:

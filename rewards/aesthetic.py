@@ -80,6 +80,8 @@ def _folders(path: str | Path | None, clip_path: str | Path | None) -> tuple[Pat
 class Aesthetic(Reward):
     """The LAION aesthetic predictor: MLP on the L2-normalised CLIP ViT-L/14 image embedding."""
 
+    reads_uint8 = True  # the processor transform rounds to 8 bits first, as flow_grpo's aesthetic_score
+
     def __init__(
         self,
         path: str | Path,

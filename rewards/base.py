@@ -24,7 +24,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -72,9 +72,16 @@ def validate_inputs(images: torch.Tensor, prompts: Sequence[str]) -> None:
 
 
 class Reward(abc.ABC):
-    """A reward: images [B, C, H, W] in [0, 1] + B prompts → float32 [B] on the CPU."""
+    """A reward: images [B, C, H, W] in [0, 1] + B prompts → float32 [B] on the CPU.
+
+    `reads_uint8`: the reward's first step is `rewards.uint8_images.to_uint8` (round(clamp(x, 0, 1)·255)),
+    and it reads nothing else of the images, so 8-bit images score bitwise as the floats they came from and
+    may travel to scorer actors as uint8. Declared per class, where the preprocessing is; False (the floats
+    are read) unless the class says otherwise.
+    """
 
     name: str = "reward"
+    reads_uint8: ClassVar[bool] = False
 
     @abc.abstractmethod
     def _compute(

@@ -51,6 +51,8 @@ def _folder(path: str | Path | None) -> Path:
 class ClipScore(Reward):
     """exp(logit_scale) · cos(image, prompt) / 100 under CLIP ViT-L/14 (the cosine, for the release)."""
 
+    reads_uint8 = False  # the torchvision transform reads the float tensor, as flow_grpo's clip_scorer
+
     def __init__(
         self, path: str | Path, device: str | None = None, batch_size: int = 32, dtype: str = "float32"
     ) -> None:

@@ -43,6 +43,8 @@ def prompted_digits(prompts: Sequence[str]) -> torch.Tensor:
 class DigitAlignment(Reward):
     """Log-probability the digit classifier assigns to the digit the prompt names (≤ 0)."""
 
+    reads_uint8 = False  # the classifier reads the float pixels
+
     def __init__(
         self, path: str | Path | None = None, device: str | torch.device = "cpu", batch_size: int = 512
     ) -> None:

@@ -374,6 +374,8 @@ class GenEval(Reward):
     `clause_accuracy`, `tag` (index in TAGS, −1 for another tag; for per-task breakdowns).
     """
 
+    reads_uint8 = False  # detectors are pluggable and may read the float pixels
+
     def __init__(
         self,
         detector: str | Detector | None = None,

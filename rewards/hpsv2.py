@@ -128,6 +128,8 @@ def resize_longest_and_pad(images: torch.Tensor, size: int) -> torch.Tensor:
 class HPSv2(Reward):
     """HPSv2.1: cosine of the image and prompt embeddings of the HPSv2.1 fine-tune of CLIP ViT-H/14."""
 
+    reads_uint8 = False  # resized as float tensors, as Sol-RL's HPSv2Scorer
+
     def __init__(
         self,
         path: str | Path,

@@ -190,6 +190,8 @@ def official_transform() -> Any:
 class ImageRewardScore(Reward):
     """ImageReward v1.0: BLIP image-text features → MLP → standardised preference score."""
 
+    reads_uint8 = True  # 8-bit PIL images (`to_pil`), as the Sol-RL wrapper
+
     def __init__(
         self,
         path: str | Path,

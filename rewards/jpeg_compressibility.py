@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from rewards.base import Metadata, Reward, register_reward
+from rewards.uint8_images import to_uint8
 
 JPEG_QUALITY = 95
 KB_SCALE = 500.0
@@ -24,8 +25,7 @@ KB_SCALE = 500.0
 
 def to_pil(image: torch.Tensor) -> Image.Image:
     """One image [C, H, W] in [0, 1] as an 8-bit PIL image ("L" for C = 1, "RGB" for C = 3)."""
-    pixels = (image.detach().float().cpu().clamp(0.0, 1.0) * 255.0).round().to(torch.uint8)
-    array = np.ascontiguousarray(pixels.permute(1, 2, 0).numpy())
+    array = np.ascontiguousarray(to_uint8(image.cpu()).permute(1, 2, 0).numpy())
     if array.shape[2] == 1:
         return Image.fromarray(array[:, :, 0]).convert("L")
     return Image.fromarray(array).convert("RGB")
@@ -41,6 +41,8 @@ def jpeg_bytes(image: torch.Tensor, quality: int = JPEG_QUALITY) -> bytes:
 @register_reward("jpeg_compressibility")
 class JpegCompressibility(Reward):
     """−(JPEG size in kB) / 500 at quality 95: higher for images that compress well."""
+
+    reads_uint8 = True  # JPEG encodes 8-bit pixels (`to_pil`)
 
     def __init__(self, quality: int = JPEG_QUALITY) -> None:
         if not 1 <= quality <= 95:

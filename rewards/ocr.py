@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from rewards.base import Metadata, Reward, WeightFile, register_reward, require_files
+from rewards.uint8_images import to_uint8
 
 RAPIDOCR_PACKAGE = "rapidocr_onnxruntime"
 RAPIDOCR_SOURCE = "the rapidocr-onnxruntime==1.4.4 wheel (pip install rapidocr-onnxruntime==1.4.4)"
@@ -142,7 +143,7 @@ def ocr_score(target: str, recognised: str) -> float:
 
 def to_bgr_uint8(image: torch.Tensor) -> np.ndarray:
     """One image [C, H, W] in [0, 1] as a contiguous uint8 BGR array [H, W, 3] (grey repeated)."""
-    pixels = (image.detach().float().cpu().clamp(0.0, 1.0) * 255.0).round().to(torch.uint8)
+    pixels = to_uint8(image.cpu())
     if pixels.shape[0] == 1:
         pixels = pixels.expand(3, -1, -1)
     return np.ascontiguousarray(pixels.flip(0).permute(1, 2, 0).numpy())
@@ -176,6 +177,8 @@ def _device_index(device: str | torch.device | None) -> int | None:
 @register_reward("ocr")
 class OcrReward(Reward):
     """1 − (capped edit distance between the quoted text and the OCR'd text) / len(quoted text)."""
+
+    reads_uint8 = True  # the OCR engine reads 8-bit BGR arrays (`to_bgr_uint8`), as flow_grpo's ocr_score
 
     def __init__(
         self,

@@ -60,6 +60,8 @@ def _folders(path: str | Path | None, processor_path: str | Path | None) -> tupl
 class PickScore(Reward):
     """exp(logit_scale) · cos(image, prompt) / 26 under PickScore v1 (CLIP ViT-H/14)."""
 
+    reads_uint8 = True  # the processor transform rounds to 8 bits first, as flow_grpo's pickscore_score
+
     def __init__(
         self,
         path: str | Path,

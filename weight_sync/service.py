@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 import warnings
 from typing import Any
@@ -226,6 +227,21 @@ def start_services(keep: int = 2, tag: str = "", namespace: str | None = None,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(keep, tag, shm_limit)
     return handles
+
+
+def find_service(node_id: str, namespace: str, wait_s: float = 0.0, poll_s: float = 0.5) -> Any | None:
+    """The weight-sync service of node `node_id` in the job's `namespace`, looked up by name, waiting up to
+    `wait_s` for it to appear (None: it did not). For an actor placed on a node that joined after the
+    job started: the driver starts that node's service (`cluster.runtime.driver.add_node_services`)
+    between iterations and whenever the explorers go quiet."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return ray.get_actor(service_name(node_id), namespace=namespace)
+        except ValueError:  # no such actor (yet)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(poll_s)
 
 
 def stop_services(services: dict[str, Any], kill: bool = True) -> None:

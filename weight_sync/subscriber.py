@@ -22,11 +22,16 @@ class WeightSubscriber:
     """poll(): if the service holds a newer version, decode it into the engine and return its info.
 
     `engine` is the explorer's `ExploreEngine` (snapshots go through `engine.load`, which refreshes its
-    quantizers). `base` (the explorer's own unmodified transformer weights) is needed for the `lora`
-    codec only. A snapshot in the node's shared-memory region (the service answers a marker, also for a
-    version the learner is writing right now) is streamed from the mapping straight into `targets` —
-    the engine's own tensors by state-dict key, by default those of `engine.module` (`weight_tensors`) —
-    each chunk copied once, into its final place, while the learner writes the next (`Region.read_into`);
+    quantizers). A `lora` snapshot carries adapters only, merged onto base weights (`merge_lora`): `base`
+    gives them (the unmodified weights of at least the adapted layers), else they are taken from the engine
+    at the first `lora` snapshot — a copy of the weights of the layers that snapshot adapts and of nothing
+    else, which are still the weights the engine was built with as long as no snapshot has been loaded
+    (an explorer's engine is the policy's own transformer, so no other copy of the model exists; without
+    `base`, a first `lora` snapshot after one of another codec is refused). A snapshot in the node's
+    shared-memory region (the service answers a marker, also for a version the learner is writing right
+    now) is streamed from the mapping straight into `targets` — the engine's own tensors by state-dict
+    key, by default those of `engine.module` (`weight_tensors`) — each chunk copied once, into its final
+    place, while the learner writes the next (`Region.read_into`);
     NVFP4 entries are dequantized from the mapping as each arrives, CRC-32 checksums verified per entry;
     then `engine.load({})` refreshes the quantizers. The read is accepted only if the writer did not
     overtake it, else loaded again: the engine never keeps a torn snapshot, and while it is being
@@ -43,6 +48,7 @@ class WeightSubscriber:
         self.engine = engine
         self.base = base
         self.targets = targets
+        self.pristine = True  # the engine still holds the weights it was built with (no snapshot written into it)
         self.version = -1
         self.newest = -1  # the service's newest version, as of the last fetch
         self._region: Region | None = None
@@ -82,7 +88,7 @@ class WeightSubscriber:
         except ray.exceptions.ObjectLostError:
             return None  # its owner (a service that just restarted) died; the learner republishes
         fetched = time.perf_counter()
-        self._apply(decode(arrays, manifest), manifest)
+        self.apply(decode(arrays, manifest), manifest)
         self.version = version
         return {"version": version, "fetch_s": fetched - start, "load_s": time.perf_counter() - fetched}
 
@@ -115,6 +121,7 @@ class WeightSubscriber:
             except _NotDirect:
                 self.version = previous  # refused in begin, before any destination was touched
             else:
+                self.pristine = self.pristine and not sink.touched
                 if held is None:
                     self.version = -1 if sink.touched else previous
                     return None  # that version's slot was rewritten meanwhile
@@ -122,7 +129,7 @@ class WeightSubscriber:
         if held is None:
             def consume(manifest_json: dict, arrays: dict) -> None:
                 manifest = Manifest.from_json(manifest_json)
-                self._apply(decode(arrays, manifest), manifest)  # decode's tensors view the mapping
+                self.apply(decode(arrays, manifest), manifest)  # decode's tensors view the mapping
 
             read = self._region.read(consume, version=version)
             if read is None:
@@ -131,15 +138,32 @@ class WeightSubscriber:
         self.version = held
         return {"version": held, "fetch_s": fetched - start, "load_s": time.perf_counter() - fetched}
 
-    def _apply(self, state: dict[str, torch.Tensor], manifest: Manifest) -> None:
+    def apply(self, state: dict[str, torch.Tensor], manifest: Manifest) -> None:
+        """Load a decoded snapshot into the engine: dense and NVFP4 entries as they are, a `lora` one
+        merged onto the base weights (captured from the engine the first time)."""
         if manifest.codec == "lora":
             if self.base is None:
-                raise ValueError("a lora snapshot needs the explorer's base weights (WeightSubscriber(base=...))")
-            scale = float(manifest.meta["lora_scale"])
-            self.engine.load(merge_lora(self.base, state, scale), strict=False)
+                self.base = self._capture_base(state)  # before the first load overwrites them
+            merged = merge_lora(self.base, state, float(manifest.meta["lora_scale"]))
+            self.pristine = False
+            self.engine.load(merged, strict=False)
         else:
-            prequantized = [e.name for e in manifest.entries if e.codec == "nvfp4"]
-            self.engine.load(state, prequantized=prequantized)
+            self.pristine = False
+            self.engine.load(state, prequantized=[e.name for e in manifest.entries if e.codec == "nvfp4"])
+
+    def _capture_base(self, adapters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copies of the engine's weights of the layers `adapters` adapts ("<layer>.lora_A.weight" →
+        "<layer>.weight"), taken before any snapshot overwrote them: what every later `lora` snapshot of
+        the run merges onto (the learner's adapters always target the same layers)."""
+        if not self.pristine:
+            raise ValueError("a lora snapshot after the engine loaded another snapshot: its base weights are "
+                             "gone (pass WeightSubscriber(base=...))")
+        weights = self._targets()
+        if weights is None:
+            raise ValueError("a lora snapshot needs base weights: pass WeightSubscriber(base=...) or an engine "
+                             "with a module")
+        keys = [key.removesuffix(".lora_A.weight") + ".weight" for key in adapters if key.endswith(".lora_A.weight")]
+        return {key: weights[key].detach().clone() for key in keys}
 
 
 class _NotDirect(Exception):

@@ -123,7 +123,7 @@ def start(config: SolRLConfig, run_dir: str | None, resume: bool | str, log: Cal
             retry=RetryPolicy(c.explorers.max_crashes, c.explorers.restart_timeout_s),
             join_timeout_s=c.explorers.join_timeout_s, lost_after_s=c.explorers.lost_after_s,
             bundle_ready=lambda bundle: _bundle_ready(job, bundle), name_of=lambda actor: job.explorer_names[actor],
-            on_idle=lambda: ray.get(job.learner.ensure_published.remote()),  # a restarted service lost its snapshot
+            on_idle=lambda: _serve_every_node(job, log),
             log=log)
     except BaseException:
         stop(job)
@@ -170,6 +170,14 @@ def add_node_services(job: Job) -> list[str]:
     job.services.update(new)  # new explorers are given them
     ray.get(job.learner.add_services.remote(new))
     return list(new)
+
+
+def _serve_every_node(job: Job, log: Callable[[str], None]) -> None:
+    """When the explorers go quiet: nodes that joined get a service (an explorer restarted there waits for it),
+    and services that restarted get the newest snapshot again."""
+    for node in add_node_services(job):
+        log(f"node {node[:8]} joined the cluster: its weight-sync service is up, explorers can run there")
+    ray.get(job.learner.ensure_published.remote())
 
 
 def _missing_room(config: SolRLConfig) -> str:
@@ -264,8 +272,7 @@ class Loop:
         """An iteration's slots to the pool, after the control file's explorer count is applied (nothing
         is in flight at this point). Nodes that joined since get a weight-sync service first, so the pool
         can grow back onto them."""
-        for node in add_node_services(self.job):
-            self.log(f"node {node[:8]} joined the cluster: its weight-sync service is up, explorers can run there")
+        _serve_every_node(self.job, self.log)
         self.pool.resize(self.target.read(), lambda: _missing_room(self.config))
         return self.pool.submit(iteration, self.slots(iteration), self.version)
 

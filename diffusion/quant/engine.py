@@ -64,11 +64,16 @@ def build_engine(
     linears: Sequence[str],
     convs: Sequence[str] = (),
     block_size: int = 16,
+    in_place: bool = False,
 ) -> nn.Module:
     """A deep copy of ``model`` whose named layers run quantized on the concrete ``backend`` (not
-    checked against the device: see :func:`resolve_backend`), every forward inside its runtime."""
+    checked against the device: see :func:`resolve_backend`), every forward inside its runtime.
+
+    ``in_place``: quantize ``model`` itself instead of a copy (it becomes the engine; use the returned
+    module, which differs from ``model`` only when ``model`` is itself the one quantized layer)."""
     check_precision(precision, QUANTIZED_PRECISIONS)
-    engine = get_backend(backend).quantize(copy.deepcopy(model), linears, convs, precision, block_size)
+    target = model if in_place else copy.deepcopy(model)
+    engine = get_backend(backend).quantize(target, linears, convs, precision, block_size)
     engine.forward = _ForwardInRuntime(engine, backend)
     return engine
 

@@ -94,6 +94,19 @@ def test_memory_estimate_follows_its_formulas():
     assert plain["learner_training_state"] * 2**30 == pytest.approx(7 * 4 * lora)
 
 
+def test_an_explorer_is_estimated_with_one_transformer_and_with_lora_the_adapted_weights_beside():
+    """The engine is the policy's transformer; the lora codec adds a copy of the 31 adapted 64×64 weights (bf16,
+    the dtype `auto` is estimated in); the other codecs nothing."""
+    model = meta_transformer(EMBEDDED_MODEL)
+    family, params = family_for_transformer(type(model).__name__), stored_parameters(EMBEDDED_MODEL)
+    estimates = {codec: estimate_memory(load_config("configs/embedded.yaml", [f"cluster.codec={codec}"]), model,
+                                        family, params) for codec in ("dense", "nvfp4", "lora")}
+    base = 31 * 64 * 64 * 2
+    assert estimates["dense"] == estimates["nvfp4"] and estimates["dense"]["explorer_lora_base"] == 0
+    assert estimates["lora"]["explorer_lora_base"] * 2**30 == base
+    assert (estimates["lora"]["explorer"] - estimates["dense"]["explorer"]) * 2**30 == pytest.approx(base)
+
+
 @pytest.mark.parametrize("preset", sorted(p.name for p in __import__("pathlib").Path("configs").glob("*.yaml")))
 def test_every_shipped_preset_prints_every_row_at_once(preset, capsys):
     """Whatever fails first (here: reward files and model folders that are not on this machine), each row is

@@ -99,3 +99,37 @@ def test_an_explorer_lost_with_its_node_is_removed_and_the_pool_grows_back_when_
     assert_same(weights, single_process(cfg))
     left = [n for n in ray.util.list_named_actors(all_namespaces=True) if "solrl" in str(n)]
     assert not left, f"named actors left behind: {left}"
+
+
+def test_an_explorer_restarted_on_a_node_that_joined_later_finds_that_nodes_service(three_single_slot_nodes, tmp_path):
+    """Before the deadline, room returns on a new node: Ray restarts the same explorer there, and its node's
+    weight-sync service, which did not exist when the job started, is found by name once the driver has
+    started it. The pool never shrinks, and the weights are the single process's."""
+    cluster, workers = three_single_slot_nodes
+    cfg = tiny_config("run.iterations=4", "cluster.explorers.count=2", "cluster.explorers.num_cpus=1",
+                      "cluster.learner.num_cpus=1", "cluster.explorers.lost_after_s=600", ray=True)
+    logged: list[str] = []
+    seen: dict = {}
+
+    def steer(job, row) -> None:
+        if row["iteration"] == 0:
+            nodes = ray.get([e.__ray_call__.remote(node_of) for e in job.explorers])
+            worker_of = {w.node_id: w for w in workers}
+            seen["victim"] = victim = next(k for k, node in enumerate(nodes) if node in worker_of)
+            cluster.remove_node(worker_of[nodes[victim]])
+            seen["new_node"] = cluster.add_node(num_cpus=1).node_id
+
+    job, history = driver.run(cfg, str(tmp_path / "run"), log=logged.append, on_iteration=steer)
+    try:
+        weights = final_weights(job, tmp_path / "run" / "final")
+        restarted = job.explorers[seen["victim"]]
+        placed = ray.get(restarted.__ray_call__.remote(node_of))
+        services = set(job.services)
+    finally:
+        driver.stop(job)
+    assert placed == seen["new_node"] and seen["new_node"] in services
+    assert f"node {seen['new_node'][:8]} joined the cluster: its weight-sync service is up, explorers can run " \
+           "there" in logged
+    assert [m["explorers"] for m in history] == [2] * 4 and not any(m.get("explorers_lost") for m in history)
+    assert [m["explored_candidates"] for m in history] == [16] * 4
+    assert_same(weights, single_process(cfg))

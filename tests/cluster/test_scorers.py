@@ -107,3 +107,52 @@ def test_score_components_keeps_image_shapes_apart():
     for result, images in zip(results, (small, large, small[:1]), strict=True):
         alone = rewards["jpeg_compressibility"](torch.from_numpy(images), ["x"] * len(images))
         assert torch.equal(result["jpeg_compressibility"][0], alone)
+
+
+JPEG = RewardConfig(weights={"jpeg_compressibility": 1.0})
+
+
+@pytest.mark.parametrize("config", [JPEG, MULTI], ids=["uint8", "float32"])
+def test_images_travel_as_uint8_exactly_when_every_reward_reads_8_bits(local_ray, digits, config):
+    """jpeg_compressibility alone: uint8, one byte a value; with digit_alignment (which reads the floats):
+    float32, four. Either way the scores and details are bitwise those of the rewards in process."""
+    images, prompts = digits
+    images = images + 0.3 / 255 * torch.randn(images.shape, generator=torch.Generator().manual_seed(1))  # off grid
+    scorer = ray.remote(RewardScorer).options(num_cpus=0.25).remote(config, max_batch=64, max_wait_ms=0.0)
+    try:
+        remote = RemoteReward([scorer], config)
+        scores, details = remote.score_and_details(images, prompts)
+        received = ray.get(scorer.received.remote())
+    finally:
+        ray.kill(scorer, no_restart=True)
+    uint8 = config is JPEG
+    assert remote.uint8 == uint8 and remote.payload(images).dtype == (np.uint8 if uint8 else np.float32)
+    assert received == ({"uint8": 12 * 16 * 16} if uint8 else {"float32": 12 * 16 * 16 * 4})
+    local, local_details = build_reward_from_config(config).score_and_details(images, prompts)
+    assert torch.equal(scores, local)
+    assert details.keys() == local_details.keys() and all(torch.equal(details[k], local_details[k]) for k in details)
+
+
+def test_a_scorer_refuses_uint8_images_for_a_reward_that_reads_floats(digits):
+    from actors.reward_scorer import score_components
+    from rewards.uint8_images import image_payload
+
+    images, prompts = digits
+    with pytest.raises(ValueError, match="uint8 images for digit_alignment, which read float pixels"):
+        score_components(build_reward_components(MULTI), [(image_payload(images, True), prompts, [{}] * 12)])
+
+
+@pytest.mark.usefixtures("no_leftover_actors")
+def test_a_job_whose_scorer_receives_uint8_images_trains_the_single_process_weights(local_ray, tmp_path):
+    """The JPEG reward through a scorer actor: explorers and the learner send uint8 images, and the weights
+    are bitwise those of scoring the float images in process."""
+    from jobs import assert_same, run_job, single_process
+    from tiny import tiny_config
+
+    jpeg = "reward.weights={jpeg_compressibility: 1.0}"
+    received = []
+    weights, _ = run_job(tiny_config(jpeg, "cluster.scorers.count=1", "cluster.scorers.num_cpus=0.25", ray=True),
+                         tmp_path / "uint8", on_iteration=lambda job, _: received.append(
+                             ray.get(job.scorers[0].received.remote())))
+    assert [set(r) for r in received] == [{"uint8"}, {"uint8"}] and received[1]["uint8"] > received[0]["uint8"] > 0
+    assert_same(weights, single_process(tiny_config(jpeg, ray=True)))

@@ -240,3 +240,42 @@ def test_load_refreshes_the_quantizers(embedded_policy) -> None:
     with pytest.raises(KeyError, match="lacks"):
         engine.load({"proj_out.bias": new["proj_out.bias"]})
     engine.load({"proj_out.bias": new["proj_out.bias"]}, strict=False)
+
+
+def held_bytes(modules) -> int:
+    """Bytes of the distinct storages behind the modules' parameters and buffers (shared ones once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for m in modules for t in (*m.parameters(), *m.buffers())}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("precision", ["nvfp4", "none"])
+@pytest.mark.parametrize("family", ["embedded", "sd3", "flux", "sana"])
+def test_an_engine_built_in_place_is_the_policys_transformer_and_samples_as_the_copy(family, precision,
+                                                                                     tiny_folder) -> None:
+    """The explorer's arrangement: the engine quantizes the policy's own transformer, taking over its
+    Parameters, and the policy holds exactly one transformer fewer than with the copy, sampling bitwise
+    the same."""
+    from diffusion.config import EMBEDDED_MODEL
+    from diffusion.embedded.data import prompt_for
+    from diffusion.loading import load_policy
+    from diffusion.noise import candidate_seeds
+
+    folder, resolution = (EMBEDDED_MODEL, None) if family == "embedded" else (tiny_folder(family), 16)
+    config = ExploreConfig(precision=precision, backend="project", allow_emulation=True, min_dim=0)
+    copied_policy = load_policy(folder, resolution=resolution)
+    copied = ExploreEngine(copied_policy, config)
+    policy = load_policy(folder, resolution=resolution)
+    weights = {p.data_ptr() for p in policy.transformer.parameters()}
+    engine = ExploreEngine(policy, config, in_place=True)
+
+    assert policy.transformer is engine.module and policy.components["transformer"] is engine.module
+    assert {p.data_ptr() for p in engine.module.parameters()} == weights  # taken over, not copied
+    before = held_bytes([m for m in (*copied_policy.components.values(), copied.module) if isinstance(m, nn.Module)])
+    after = held_bytes([m for m in policy.components.values() if isinstance(m, nn.Module)])
+    assert before - after == held_bytes([copied_policy.transformer])
+    prompts = ([prompt_for(3), prompt_for(7)] if family == "embedded"
+               else ["a photo of a red cat", "a sign that says seven"])
+    seeds = candidate_seeds(0, 0, 0, len(prompts))
+    assert torch.equal(policy.sample(prompts, seeds, steps=2, transformer=engine.module).x0,
+                       copied_policy.sample(prompts, seeds, steps=2, transformer=copied.module).x0)

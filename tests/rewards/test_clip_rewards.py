@@ -17,6 +17,7 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
+from scorer_path import assert_scorer_path_is_exact, off_grid
 from sklearn.datasets import load_sample_image
 
 import rewards.aesthetic
@@ -457,3 +458,12 @@ def test_path_is_required():
             build_reward(name)
         with pytest.raises(ValueError, match="needs option `path`"):
             build_reward(name, path=None)
+
+
+@pytest.mark.parametrize("name", ["pickscore", "clipscore", "aesthetic"])
+def test_the_scorer_path_scores_as_in_process(name, folders):
+    """pickscore and aesthetic round to 8 bits first, so their images travel as uint8; clipscore's
+    torchvision transform reads the floats, so its travel as float32."""
+    images = off_grid(as_float(photo_crops(250, 334)))
+    payload = assert_scorer_path_is_exact(build(name, folders), images, PROMPTS)
+    assert payload.dtype == (np.float32 if name == "clipscore" else np.uint8)

@@ -15,6 +15,7 @@ import open_clip
 import pytest
 import torch
 from PIL import Image
+from scorer_path import assert_scorer_path_is_exact, off_grid
 from sklearn.datasets import load_sample_image
 from torch import nn
 
@@ -470,3 +471,12 @@ def test_blip_compat_leaves_transformers_unchanged_and_refuses_what_it_does_not_
         ir.net.blip.text_encoder.get_head_mask(torch.ones(2), 1)
     encoder = ir.net.blip.text_encoder
     assert encoder.load_state_dict(encoder.state_dict(), strict=True).missing_keys == []
+
+
+@pytest.mark.parametrize("name", ["hpsv2", "imagereward"])
+def test_the_scorer_path_scores_as_in_process(name, hps, ir, photo):
+    """imagereward scores 8-bit PIL images, so its images travel as uint8; hpsv2 resizes the float tensors
+    (as Sol-RL's scorer), so its travel as float32."""
+    images = off_grid(as_tensor(crops(photo, 200, 260, 3)))
+    payload = assert_scorer_path_is_exact(hps if name == "hpsv2" else ir, images, PROMPTS[:3])
+    assert payload.dtype == (np.float32 if name == "hpsv2" else np.uint8)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw, ImageFont
+from scorer_path import assert_scorer_path_is_exact, off_grid
 
 from rewards.base import build_reward, known_rewards
 from rewards.ocr import OcrReward, edit_distance, normalise, ocr_distance, ocr_score, quoted_text
@@ -132,3 +133,9 @@ def test_registered_with_its_weight_files_and_a_clear_device_error(monkeypatch, 
         OcrReward(device="cuda")
     with pytest.raises(ValueError, match="batch_size"):
         OcrReward(batch_size=0)
+
+
+def test_the_scorer_path_sends_uint8_and_scores_as_in_process(reward):
+    images = off_grid(torch.stack([render("hello"), render("sol 42")]))
+    payload = assert_scorer_path_is_exact(reward, images, ['a sign that says "hello"', 'a sign: "sol 42"'])
+    assert payload.dtype == np.uint8

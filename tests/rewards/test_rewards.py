@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 from pydantic import ValidationError
+from scorer_path import assert_scorer_path_is_exact, off_grid
 
 from diffusion.embedded.data import DIGIT_WORDS, load_digit_images, prompt_for
 from rewards import (
@@ -352,3 +353,21 @@ def test_digit_margin_is_the_log_odds_and_keeps_separating_what_digit_alignment_
     assert float(log_p[clean].std()) < 1e-3 < 1.0 < float(scores[clean].std())
     wrong = prompts_for((heldout.labels[:200] + 1) % 10)
     assert float(margin(images, wrong).max()) < float(scores.median())
+
+
+@pytest.mark.parametrize("name", ["digit_alignment", "digit_margin", "jpeg_compressibility"])
+def test_the_scorer_path_scores_as_in_process(name, heldout):
+    """jpeg_compressibility encodes 8-bit pixels, so its images travel as uint8; the digit classifier
+    reads the floats, so the embedded world's travel as float32."""
+    images = off_grid(heldout.images[:16].float())
+    payload = assert_scorer_path_is_exact(build_reward(name), images, prompts_for(heldout.labels[:16]))
+    assert payload.dtype == (np.uint8 if name == "jpeg_compressibility" else np.float32)
+
+
+def test_the_rewards_that_read_only_8_bits_are_declared_on_their_classes():
+    """The one place uint8 images are decided: each class's `reads_uint8` (the scorer path tests above and in
+    the other reward tests check each declaration both ways)."""
+    from rewards.base import reward_class
+
+    assert sorted(n for n in known_rewards() if reward_class(n).reads_uint8) == [
+        "aesthetic", "imagereward", "jpeg_compressibility", "ocr", "pickscore"]

@@ -114,6 +114,47 @@ def test_merge_lora_matches_the_definition():
                                @ adapters["l.lora_A.weight"])
 
 
+def _lora_snapshot(seed: int, layers: tuple[str, ...], shapes: dict[str, tuple[int, int]]):
+    g = torch.Generator().manual_seed(seed)
+    adapters = {}
+    for layer in layers:
+        out, inp = shapes[f"{layer}.weight"]
+        adapters[f"{layer}.lora_A.weight"] = torch.randn(2, inp, generator=g)
+        adapters[f"{layer}.lora_B.weight"] = torch.randn(out, 2, generator=g)
+    arrays, manifest = encode(adapters, "lora", version=seed, meta={"lora_scale": 0.5})
+    return adapters, decode(arrays, manifest), manifest
+
+
+def test_a_lora_base_is_copied_from_the_engine_for_the_adapted_layers_only():
+    """Without `base`, the first lora snapshot copies the engine's (still unmodified) weights of the layers it
+    adapts, and every later snapshot merges onto those copies, not onto the previous merge."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    engine = explore_engine(model)
+    shapes = {k: tuple(v.shape) for k, v in original.items()}
+    subscriber = WeightSubscriber(None, engine)
+    for version in (1, 2):
+        adapters, state, manifest = _lora_snapshot(version, ("2",), shapes)
+        subscriber.apply(state, manifest)
+        assert list(subscriber.base) == ["2.weight"] and torch.equal(subscriber.base["2.weight"], original["2.weight"])
+        assert subscriber.base["2.weight"].data_ptr() != engine.module[2].weight.data_ptr()
+        assert torch.equal(engine.module[2].weight, merge_lora(original, adapters, 0.5)["2.weight"])
+        assert torch.equal(engine.module[0].weight, original["0.weight"])
+
+
+def test_a_lora_snapshot_after_another_codec_is_refused_without_a_base():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 16))
+    engine = explore_engine(model)
+    subscriber = WeightSubscriber(None, engine)
+    arrays, manifest = encode({k: v * 1.5 for k, v in model.state_dict().items()}, "dense", version=1)
+    subscriber.apply(decode(arrays, manifest), manifest)
+    _, state, manifest = _lora_snapshot(2, ("1",), {k: tuple(v.shape) for k, v in model.state_dict().items()})
+    with pytest.raises(ValueError, match="after the engine loaded another snapshot: its base weights are gone"):
+        subscriber.apply(state, manifest)
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
