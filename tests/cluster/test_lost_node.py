@@ -12,9 +12,8 @@ import time
 import pytest
 import ray
 from jobs import assert_same, final_weights, single_process
-from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
-from test_multinode import FAST_HEALTH_CHECK, node_of
+from test_multinode import node_of, one_cpu_nodes
 from tiny import tiny_config
 
 from cluster.runtime import driver
@@ -28,18 +27,8 @@ LOST_AFTER_S = 1.0
 @pytest.fixture
 def three_single_slot_nodes():
     """A head and two workers, one CPU each: the learner and two explorers (one CPU each) fill them."""
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK})
-    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    try:
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        cluster.wait_for_nodes()
-        yield cluster, workers
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with one_cpu_nodes(3) as nodes:
+        yield nodes
 
 
 def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:

@@ -4,6 +4,7 @@ removed mid-run taking its explorer and its service with it. The weights are the
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -38,13 +39,15 @@ def node_once_up(actor, timeout_s: float = 120.0) -> str:
                 raise
 
 
-@pytest.fixture(scope="module")
-def three_nodes():
+@contextlib.contextmanager
+def one_cpu_nodes(count: int):
+    """A Ray cluster of `count` nodes with one CPU each (a head and count - 1 workers), this process its
+    driver; a dead node noticed within ~1 s."""
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK})
-    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    workers = [cluster.add_node(num_cpus=1) for _ in range(count - 1)]
     try:
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         cluster.wait_for_nodes()
@@ -52,6 +55,12 @@ def three_nodes():
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def three_nodes():
+    with one_cpu_nodes(3) as nodes:
+        yield nodes
 
 
 def test_spread_over_three_nodes_and_a_node_removed_mid_run_change_nothing(three_nodes, tmp_path, reference_weights):
