@@ -106,12 +106,20 @@ def test_torchao_replaces_the_layers_its_gemm_takes_and_keeps_the_state_dict() -
 
 
 def test_torchao_fp8_codes_and_scales_are_the_projects_fp8() -> None:
-    """Weight and input are quantized exactly as `fp8_fake_quant` does (E4M3, per-tensor amax/448); the
-    GEMM then accumulates in its own order, so one layer agrees with the fake-quantized one to rounding."""
-    layer = quantize(nn.Linear(64, 128), "fp8", backend="torchao")
+    """Weight and input are quantized to the codes `fp8_fake_quant` rounds to (E4M3 of x·448/amax) with the
+    scale amax/448. Dequantized, the two differ by at most two fp32 ulps: torchao multiplies the codes by
+    amax/448, the fake quantization by the fp32 reciprocal of 448/amax (modelopt's order). The GEMM then
+    accumulates in its own order, so one layer agrees with the fake-quantized one to rounding."""
+    with torch.random.fork_rng():
+        torch.manual_seed(15)  # a layer whose dequantized weights show the difference
+        layer = quantize(nn.Linear(64, 128), "fp8", backend="torchao")
     weight = layer.weight.detach()
-    assert torch.equal(layer.weight_fq.dequantize(), fp8_fake_quant(weight))
+    codes = (weight * (448 / weight.abs().amax())).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(layer.weight_fq.qdata.view(torch.uint8), codes.view(torch.uint8))
     assert torch.equal(layer.weight_fq.scale.reshape(()), weight.abs().amax() / 448)
+    dequantized, fake = layer.weight_fq.dequantize(), fp8_fake_quant(weight)
+    assert not torch.equal(dequantized, fake)
+    torch.testing.assert_close(dequantized, fake, rtol=2**-22, atol=0)  # within two fp32 ulps
     x = torch.randn(3, 77, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         out = layer(x)
