@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from cluster.runtime.learner_group import JobFailed
 
@@ -77,6 +77,7 @@ class Joiner:
 
 
 Spawn = Callable[[int | None], Any]  # placement bundle (None: anywhere) → a new explorer actor
+LOST_PROBE_S = 30.0  # how long a lost explorer's last check may wait for its answer
 WAIT = -1  # `_next_bundle`: a freed bundle waits for room; spawn nothing yet
 
 
@@ -239,11 +240,12 @@ class ExplorerPool:
         if not overdue:
             return
         # A call to a restarting actor fails within ~2 s; one that came back since its last failure answers.
+        # Bounded anyway: an actor still being placed may leave the call queued rather than failing it.
         probes = {a.pid.remote(): a for a in overdue}
         for ref, actor in probes.items():
             try:
-                ray.get(ref)
-            except RayActorError:
+                ray.get(ref, timeout=LOST_PROBE_S)
+            except (RayActorError, GetTimeoutError):
                 continue
             self.down_since.pop(actor, None)
             overdue.remove(actor)
