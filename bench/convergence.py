@@ -233,6 +233,8 @@ RUNS: dict[str, list[str]] = {
     **{f"sol_rl_halving{'' if f == 2 else f}": ["learner.algorithm=sol_rl", "explore.schedule=halving",
                                                   f"explore.halving_steps={f}", "explore.halving_survivors=48"]
        for f in (2, 3)},
+    # the headline pair, trained until diffusionnft's held-out curve flattens (bench.evidence: LONG)
+    **{f"{a}_long": [f"learner.algorithm={a}"] for a in ("diffusionnft", "sol_rl")},
 }
 BASELINE = "diffusionnft"
 
