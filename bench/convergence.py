@@ -70,6 +70,7 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
     totals = dict.fromkeys(("wall_s", "rollout_s", "train_s", *COUNTERS), 0.0)
     points = [{"iteration": 0, **totals, **trainer.evaluate()}]
     progress = Progress("    iteration", config.run.iterations)
+    objective: dict[str, list[float]] = {}  # the update's own numbers since the previous point
     for i in range(config.run.iterations):
         result = trainer.train_iteration(i)
         trainer.publish()
@@ -77,9 +78,14 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
         totals["wall_s"] += m["iteration_s"]
         for key in ("rollout_s", "train_s", *COUNTERS):
             totals[key] += m[key]
+        for key, value in result.losses.items():
+            objective.setdefault(key, []).append(float(value))
         if "eval_reward" in m:
             point = {"iteration": i + 1, **totals, "train_reward": m["reward_mean"],
-                     **{k: v for k, v in m.items() if k.startswith("eval_")}}
+                     **{k: v for k, v in m.items() if k.startswith("eval_")},
+                     "objective": {k: float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+                                   for k, v in objective.items()}}
+            objective = {}
             if "rank_spearman" in m:
                 point["rank_spearman"] = m["rank_spearman"]
             points.append(point)
@@ -223,12 +229,15 @@ def plot(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path, ylabel: s
 RUNS: dict[str, list[str]] = {
     **{a: [f"learner.algorithm={a}"] for a in ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl")},
     "sol_rl_shuffled": ["learner.algorithm=sol_rl", "learner.shuffle_rewards=true"],
-    "sol_rl_art": ["learner.algorithm=sol_rl", "learner.objective=art", "learner.decay.type=0"],
+    # DiffusionART under each reading of its trust mask (learner.art.TRUST_MASKS)
+    **{f"sol_rl_art_{m}": ["learner.algorithm=sol_rl", "learner.objective=art", "learner.decay.type=0",
+                           f"learner.art.trust_mask={m}"] for m in ("away_from_target", "trust_region")},
     **{f"sol_rl_explore{s}": ["learner.algorithm=sol_rl", f"explore.steps={s}"] for s in (2, 4, 8)},
     **{f"sol_rl_pool{n}": ["learner.algorithm=sol_rl", f"prompts.candidates={n}"] for n in (24, 48, 72)},
-    # Flow-GRPO: K-in-K like DiffusionNFT, its own objective and SDE rollouts, the source's 9 of 10 steps
+    # Flow-GRPO as its source runs it (learner.config.GRPOConfig's defaults): K-in-K like DiffusionNFT, SDE
+    # rollouts, the first 9 of 10 steps (0.99), two optimizer steps on stored log π_old, zero advantages dropped
     "flow_grpo": ["learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
-                  "learner.timestep_fraction=0.9"],
+                  "learner.timestep_fraction=0.99"],
     # adaptive exploration (this project's): every seed f steps, the 48 ends of that ranking finish the 6
     **{f"sol_rl_halving{'' if f == 2 else f}": ["learner.algorithm=sol_rl", "explore.schedule=halving",
                                                   f"explore.halving_steps={f}", "explore.halving_survivors=48"]
@@ -250,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
     parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--control", action="store_true", help="add sol_rl_shuffled (rewards shuffled)")
-    parser.add_argument("--art", action="store_true", help="add sol_rl_art (the DiffusionART objective)")
+    parser.add_argument("--art", action="store_true", help="add sol_rl_art_<reading> for both trust-mask readings "
+                        "(the DiffusionART objective)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--png", type=Path, default=None)

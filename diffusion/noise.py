@@ -47,6 +47,7 @@ class Stream(enum.IntEnum):
     SHUFFLE = -5  # the shuffled-reward control
     WINDOWS = -6  # DiffusionART's two windows (index = the prompt slot)
     LORA_INIT = -7  # the LoRA A matrices (iteration 0)
+    OPTIMIZER_BATCHES = -8  # Flow-GRPO's shuffle of the samples into its optimizer steps
 
 
 def derive_seed(run_seed: int, iteration: int, slot: int, index: int) -> int:

@@ -189,8 +189,9 @@ class FlowPolicy:
         states = None
         if return_states:
             states = [torch.cat([r.states[j] for r in results]) for j in range(len(sigmas))]  # type: ignore[index]
+        log_probs = None if results[0].log_probs is None else torch.cat([r.log_probs for r in results])
         return SampleResult(x0=torch.cat([r.x0 for r in results]), sigmas=sigmas, states=states,
-                            x0_prediction=torch.cat([r.x0_prediction for r in results]))
+                            x0_prediction=torch.cat([r.x0_prediction for r in results]), log_probs=log_probs)
 
     def _sample_batch(self, prompts, seeds, sigmas, solver, cfg_scale, transformer, return_states, noise_level,
                       first_step, sigma_max, start):

@@ -52,6 +52,9 @@ class SampleResult:
     sigmas: torch.Tensor  # the σ grid walked, [steps + 1]
     states: list[torch.Tensor] | None = None  # x at every σ of the grid (states[0] is the noise)
     x0_prediction: torch.Tensor | None = None  # x̂0 = x_σ − σ·v at the last step taken
+    # flow_sde with states: log π(x_{i+1} | x_i) of each step taken, [B, steps] (Flow-GRPO's stored
+    # sampling log-probabilities: the PPO ratio's denominator)
+    log_probs: torch.Tensor | None = None
 
 
 def euler_step(x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
@@ -140,6 +143,7 @@ def sample_ode(
     states = [x] if return_states else None
     x0_prev: torch.Tensor | None = None
     x0_pred = x
+    log_probs: list[torch.Tensor] = []
     for i in range(len(grid) - 1):
         sigma, sigma_next = grid[i], grid[i + 1]
         sigma_batch = sigmas[i].to(torch.float32).expand(x.shape[0])
@@ -151,6 +155,8 @@ def sample_ode(
             mean, scale = flow_sde_transition(x, v, sigmas[i], sigmas[i + 1], noise_level,
                                               grid[1] if sigma_max is None else sigma_max)
             x = mean + scale * step_noise(i).to(x.device)
+            if return_states:
+                log_probs.append(gaussian_log_prob(x, mean, scale))
         else:
             # The grid ends σ_min → 0 after a long stride in log-SNR (σ_min = 1/1000): a 2nd-order
             # extrapolation over it amplifies error, so the last two steps are first order.
@@ -160,4 +166,5 @@ def sample_ode(
             x0_prev = x0_pred
         if states is not None:
             states.append(x)
-    return SampleResult(x0=x, sigmas=sigmas, states=states, x0_prediction=x0_pred)
+    return SampleResult(x0=x, sigmas=sigmas, states=states, x0_prediction=x0_pred,
+                        log_probs=torch.stack(log_probs, dim=1) if log_probs else None)

@@ -23,6 +23,8 @@ explicit λ·MSE(v_θ, v_old) term would count it twice and is an extension, off
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 
@@ -133,6 +135,28 @@ def sde_kl(
     return factor * _mean_dims((v_theta - v_old).pow(2))
 
 
+TrustMask = Literal["away_from_target", "trust_region"]
+
+
+def _away_from_target(drift: torch.Tensor, v_theta: torch.Tensor, v_old: torch.Tensor,
+                      v_target: torch.Tensor) -> torch.Tensor:
+    """⟨v_θ − v_old, v* − v_old⟩ < 0 (all [B, D], flattened per state): the drift points away from the target."""
+    return (drift * (v_target - v_old)).sum(dim=1) < 0
+
+
+def _update_increases_drift(drift: torch.Tensor, v_theta: torch.Tensor, v_old: torch.Tensor,
+                            v_target: torch.Tensor) -> torch.Tensor:
+    """⟨v_θ − v_old, v* − v_θ⟩ > 0: the regression's step, along −∇ = 2(v* − v_θ), moves v_θ further from v_old."""
+    return (drift * (v_target - v_theta)).sum(dim=1) > 0
+
+
+# Which states past δ a reading blocks (both are interpretations: docs/objectives.md).
+TRUST_MASKS: dict[str, Callable[..., torch.Tensor]] = {
+    "away_from_target": _away_from_target,
+    "trust_region": _update_increases_drift,
+}
+
+
 @torch.no_grad()
 def trust_mask(
     v_theta: torch.Tensor,
@@ -143,24 +167,30 @@ def trust_mask(
     *,
     threshold: float = 1e-5,
     noise_level: float = 0.7,
+    reading: TrustMask = "away_from_target",
 ) -> torch.Tensor:
-    """Per-sample trust-region mask m ([B], float 0/1; no gradient).
+    """Per-sample trust-region mask m ([B], float 0/1; no gradient): m_i = 0 iff KL_i > δ and the reading's
+    condition holds at state i.
 
-        m_i = 0  iff  KL_i > δ  and  ⟨v_θ,i − v_old,i, v*_i − v_old,i⟩ < 0
+    The source (seed 003): a state's update is masked by an ODE→SDE Gaussian KL against a fixed threshold,
+    "masking only updates that drift away from the target", so that one update cannot step too far. The
+    sentence reads two ways, both implemented as interpretations (`TRUST_MASKS`):
 
-    The source: once a state's drift passes the threshold, an update that goes the wrong way — away from
-    the target — is blocked, and only updates that correct towards it are kept. Formalised here (this
-    project's reading): the update so far at state i is its drift v_θ − v_old; it goes away from the target
-    when its projection on the target's direction v* − v_old is negative. Such a state is outside the region
-    where its prompt's shared direction G(c) is trusted to describe it, and its (large) regression error
-    would dominate the step: its gradient is dropped. Inside the region, or drifting towards the target,
-    a state trains. With no drift (window 1, where θ = θ_old) nothing is masked.
+        away_from_target   ⟨v_θ − v_old, v* − v_old⟩ < 0: the state's drift so far points away from its
+                           target. Blocks exactly the states whose regression would pull them back, and
+                           never bounds drift towards the target.
+        trust_region       ⟨v_θ − v_old, v* − v_θ⟩ > 0: the regression's step would move the state further
+                           from θ_old. Past δ only corrective steps train, so the drift stays near δ.
+
+    With no drift (window 1, where θ = θ_old) the KL is 0 and nothing is masked in either reading.
     """
+    if reading not in TRUST_MASKS:
+        raise ValueError(f"unknown trust mask {reading!r}: choose one of {', '.join(TRUST_MASKS)}")
     kl = sde_kl(v_theta, v_old, t, dt, noise_level)
     drift = (v_theta - v_old).reshape(v_theta.shape[0], -1)
-    towards = (v_target - v_old).reshape(v_theta.shape[0], -1)
-    away = (drift * towards).sum(dim=1) < 0
-    return (~((kl > threshold) & away)).to(v_theta.dtype)
+    blocked = TRUST_MASKS[reading](drift, v_theta.reshape(drift.shape), v_old.reshape(drift.shape),
+                                   v_target.reshape(drift.shape))
+    return (~((kl > threshold) & blocked)).to(v_theta.dtype)
 
 
 def art_loss(
@@ -173,6 +203,7 @@ def art_loss(
     restore_weight: float = 0.0,
     threshold: float = 1e-5,
     noise_level: float = 0.7,
+    reading: TrustMask = "away_from_target",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of one update window on B visited states.
 
@@ -185,19 +216,23 @@ def art_loss(
     mean over B, so an unmasked sample's gradient does not grow when others are masked. v_target and
     v_old are detached here.
 
-    Returns the scalar loss and detached diagnostics: masked_fraction, kl_mean, kl_max, guidance_loss
-    (the masked regression term), restore_loss (the unweighted restoration term).
+    Returns the scalar loss and detached diagnostics: masked (how many states the mask blocked), masked_fraction,
+    kl_mean, kl_max, guidance_loss (the masked regression term), restore_loss (the unweighted restoration
+    term: mean (v_θ − v_old)², the drift's size) and guidance_size (mean (v* − v_old)²: G's, the target's pull).
     """
     v_target = v_target.detach()
     v_old = v_old.detach()
-    mask = trust_mask(v_theta, v_old, v_target, t, dt, threshold=threshold, noise_level=noise_level)
+    mask = trust_mask(v_theta, v_old, v_target, t, dt, threshold=threshold, noise_level=noise_level,
+                      reading=reading)
     regression = (mask * _mean_dims((v_theta - v_target).pow(2))).mean()
     restore = _mean_dims((v_theta - v_old).pow(2)).mean()
     loss = regression + restore_weight * restore if restore_weight != 0.0 else regression
     with torch.no_grad():
         kl = sde_kl(v_theta, v_old, t, dt, noise_level)
         diagnostics = {
+            "masked": (1.0 - mask).sum(),
             "masked_fraction": 1.0 - mask.mean(),
+            "guidance_size": _mean_dims((v_target - v_old).pow(2)).mean(),
             "kl_mean": kl.mean(),
             "kl_max": kl.max(),
             "guidance_loss": regression.detach(),

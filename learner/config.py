@@ -13,6 +13,7 @@ from diffusion.config import ExploreConfig, ModelConfig, PromptConfig, SamplerCo
 from diffusion.samplers import Solver
 from learner.advantages import AdvantageMode
 from learner.algorithms import Algorithm
+from learner.art import TrustMask
 from learner.objectives import Objective
 from learner.schedules import DECAY_TYPES, linear_decay, nft_decay
 from learner.selection import SelectionMode
@@ -130,20 +131,47 @@ class ARTConfig(BaseModel):
     restore_weight: float = Field(0.0, ge=0, description="EXTENSION, off by default: λ of an explicit "
                                   "restoration in window 2 (its frozen-target replay already restores)")
     trust_threshold: float = Field(1e-5, gt=0, description="δ of the trust-region mask (SDE KL)")
+    trust_mask: TrustMask = Field("away_from_target", description="which reading of the source's mask "
+                                  "(learner.art.TRUST_MASKS; docs/objectives.md): away_from_target blocks a state "
+                                  "past δ whose drift points away from its target; trust_region blocks, past δ, "
+                                  "the update that would move the state further from θ_old")
     noise_level: float = Field(0.7, gt=0, description="a of the ODE→SDE conversion")
     pairwise: bool = Field(False, description="replace rewards by winner 1 / loser 0 / tie 0.5 (K = 2)")
 
 
+# The EMA interval of each objective's source: yifan123/flow_grpo `scripts/train_sd3.py` builds its
+# EMAModuleWrapper with update_step_interval=8; DiffusionNFT and Sol-RL update it every step.
+OBJECTIVE_EMA_EVERY: dict[str, int] = {"flow_grpo": 8}
+
+# yifan123/flow_grpo `config/grpo.py`: the KL weight β of each reward's SD3.5-M config (pickscore_sd3,
+# clipscore_sd3, geneval_sd3, general_ocr_sd3). Other rewards, and weighted sums, take GRPO_KL_WEIGHT.
+GRPO_KL_WEIGHTS: dict[str, float] = {"pickscore": 0.01, "clipscore": 0.02, "geneval": 0.04, "ocr": 0.04}
+GRPO_KL_WEIGHT = 0.04
+
+
 class GRPOConfig(BaseModel):
-    """Flow-GRPO (`learner.flow_grpo`); defaults of yifan123/flow_grpo. Its SDE's noise level is the
-    sampler's `sde_noise_level`, and the share of the rollout's steps trained is `timestep_fraction`
-    (the source: 0.99 of 10 → 9)."""
+    """Flow-GRPO (`learner.flow_grpo`, `learner.updates.grpo_update`) as yifan123/flow_grpo runs it; each
+    default is the source's (`config/base.py`, `config/grpo.py`, `scripts/train_sd3.py`). Its SDE's noise
+    level is the sampler's `sde_noise_level` (0.7), its CFG the sampler's `cfg_scale` (the source: 4.5, in
+    the rollout and in the training forward alike), the share of the rollout's steps trained
+    `learner.timestep_fraction` (the source: 0.99 of 10 → the first 9), and the EMA's interval
+    `training.ema_every` (the source: 8)."""
 
     model_config = ConfigDict(extra="forbid")
 
     clip_range: float = Field(1e-4, gt=0, description="ε of PPO's clipped ratio")
     adv_clip_max: float = Field(5.0, gt=0)
-    kl_weight: float = Field(0.04, ge=0, description="β of the KL to the reference policy")
+    kl_weight: float | None = Field(None, ge=0, description="β of the KL to the reference policy; None: the "
+                                    "source's for the configured reward (pickscore 0.01, clipscore 0.02, geneval "
+                                    "and ocr 0.04; others 0.04), recorded in the run's config")
+    optimizer_steps: int = Field(2, ge=1, description="optimizer steps per rollout, each on its share of the "
+                                 "shuffled samples (the source: gradient_accumulation_steps = num_batches_per_epoch"
+                                 " // 2, two steps per epoch); from the second, θ ≠ θ_old and the clip binds")
+    timesteps: Literal["first", "shuffled"] = Field("first", description="first: the rollout's first "
+                                                    "⌊timestep_fraction·steps⌋ steps, in order (the source); "
+                                                    "shuffled: a random share per sample, as DiffusionNFT")
+    drop_zero_advantage: bool = Field(True, description="leave out samples whose advantage is exactly 0 (a "
+                                      "prompt whose rewards are all equal), as the source does")
 
 
 class DecayConfig(BaseModel):
@@ -189,6 +217,9 @@ class TrainingConfig(BaseModel):
     grad_clip: float = Field(1.0, gt=0, description="max total grad L2 norm; inf disables clipping")
     ema: bool = Field(True, description="keep an EMA of θ and evaluate it (the official config.train.ema)")
     ema_decay: float = Field(0.9, ge=0, lt=1, description="the EMA's decay cap: min((1+s)/(10+s), ema_decay)")
+    ema_every: int | None = Field(None, ge=1, description="fold θ into the EMA after every n-th optimizer step "
+                                  "(when (s + 1) mod n = 0); None: the objective's source (flow_grpo 8, "
+                                  "yifan123/flow_grpo; nft and art 1), recorded in the run's config")
     gradient_checkpointing: bool = Field(False, description="recompute the trained transformer's block "
                                          "activations in the backward pass (diffusers' "
                                          "enable_gradient_checkpointing): less memory, about one more forward")
@@ -250,6 +281,20 @@ class TrainerConfig(BaseModel):
         # instance handed to it, which the caller may still hold or pass on.
         if self.explore.solver is None:
             self.explore = self.explore.model_copy(update={"solver": self.explore_solver})
+        return self
+
+    @model_validator(mode="after")
+    def _record_objective_defaults(self) -> TrainerConfig:
+        # As the explore solver: the objective's source defaults that depend on other sections are written
+        # into the tree, so config.yaml says which KL weight and EMA interval the run trained with.
+        if self.training.ema_every is None:
+            every = OBJECTIVE_EMA_EVERY.get(self.learner.objective, 1)
+            self.training = self.training.model_copy(update={"ema_every": every})
+        if self.learner.grpo.kl_weight is None:
+            names = list(self.reward.weights)
+            weight = GRPO_KL_WEIGHTS.get(names[0], GRPO_KL_WEIGHT) if len(names) == 1 else GRPO_KL_WEIGHT
+            grpo = self.learner.grpo.model_copy(update={"kl_weight": weight})
+            self.learner = self.learner.model_copy(update={"grpo": grpo})
         return self
 
     @model_validator(mode="after")

@@ -81,6 +81,14 @@ class Shard:
         dist.all_reduce(t)
         return {k: float(v) for k, v in zip(keys, t.tolist(), strict=True)}
 
+    def every(self, flag: bool) -> bool:
+        """Whether `flag` holds on every rank (each rank must call it, in the same order)."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item() == 1.0)
+
     def sum_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
         """∇ ← Σ_ranks ∇, in place, for every trainable parameter (one without a gradient counts as 0)."""
         if self.world == 1:

@@ -12,7 +12,8 @@ x_σ → x_σ' is Gaussian with mean μ_π(x_σ) and scale s = std_σ·sqrt(−d
     KL                 = mean_b [mean over elements (μ_θ − μ_ref)²] / (2·std_σ²)
     loss               = policy + β·KL
 
-Defaults of the source: ε = 1e-4, c = 5, β = 0.04, a = 0.7.
+Defaults of the source (`config/base.py`, `config/grpo.py`): ε = 1e-4, c = 5, a = 0.7, β per reward (0.04
+for GenEval and OCR, 0.02 for CLIPScore, 0.01 for PickScore: `learner.config.GRPO_KL_WEIGHTS`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def flow_grpo_loss(
     kl_weight: float = 0.04,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one micro-batch of trained steps (all [B] but the means, [B, ...]; `std` is std_σ, [B])
-    and its diagnostics: the clipped fraction and the approximate KL ½·mean((log π_θ − log π_old)²)."""
+    and its diagnostics: the mean ratio, the clipped fraction (|ratio − 1| > ε) and the approximate KL
+    ½·mean((log π_θ − log π_old)²), as the source logs them."""
     advantages = advantages.clamp(-adv_clip_max, adv_clip_max)
     ratio = torch.exp(log_prob - old_log_prob.detach())
     unclipped = -advantages * ratio
@@ -44,6 +46,7 @@ def flow_grpo_loss(
         kl = ((mean_theta - mean_ref.detach()) ** 2).mean(dim=dims) / (2 * std.view(-1) ** 2)
         loss = loss + kl_weight * kl.mean()
     with torch.no_grad():
-        diagnostics = {"clip_fraction": ((ratio - 1.0).abs() > clip_range).float().mean(),
+        diagnostics = {"ratio_mean": ratio.mean(),
+                       "clip_fraction": ((ratio - 1.0).abs() > clip_range).float().mean(),
                        "approx_kl": 0.5 * ((log_prob - old_log_prob) ** 2).mean()}
     return loss, diagnostics

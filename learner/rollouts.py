@@ -100,6 +100,7 @@ class Generated:
     images: torch.Tensor | None = None  # [B, C, H, W] in [0, 1], when asked for
     seconds: float = 0.0
     sample_s: float = 0.0  # of `seconds`, denoising (policy.sample)
+    log_probs: torch.Tensor | None = None  # [B, steps]: flow_sde's per-step log π of the sampler, with states
 
     def take(self, index: torch.Tensor) -> Generated:
         """The rows `index` of every per-sample field."""
@@ -110,6 +111,7 @@ class Generated:
             None if self.states is None else [s[index] for s in self.states],
             {k: v[index] for k, v in self.details.items()},
             None if self.images is None else self.images[index], self.seconds, self.sample_s,
+            None if self.log_probs is None else self.log_probs[index],
         )
 
 
@@ -156,7 +158,7 @@ def generate(
     images = policy.decode(result.x0) if reward is not None or return_images else None
     rewards, details = score(reward, images, prompts, metadata)
     return Generated(list(seeds), result.x0, rewards, result.states, details,
-                     images if return_images else None, time.perf_counter() - start, sample_s)
+                     images if return_images else None, time.perf_counter() - start, sample_s, result.log_probs)
 
 
 def synchronized_seconds(start: float, result: torch.Tensor) -> float:

@@ -83,7 +83,8 @@ class TrainingState:
             self._init_full()
         if self.config.gradient_checkpointing:
             enable_gradient_checkpointing(transformer)
-        self.ema = ParameterEMA(self._theta, self.config.ema_decay) if self.config.ema else None
+        self.ema = ParameterEMA(self._theta, self.config.ema_decay, self.config.ema_every or 1) if self.config.ema \
+            else None
         self.optimizer = torch.optim.AdamW(
             list(self._theta.values()),
             lr=self.config.lr,
@@ -184,7 +185,8 @@ class TrainingState:
         """Backward `loss` (None: gradients are already accumulated), clip, AdamW step, zero grads.
 
         Returns the total gradient norm before clipping. A non-finite loss or norm skips the update
-        (gradients are dropped) and counts in `skipped_steps`.
+        (gradients are dropped) and counts in `skipped_steps`. A step taken folds θ into the EMA with the
+        number of steps taken (`ParameterEMA.update`: every step, or every n-th).
         """
         finite_loss = True
         if loss is not None and self.config.gradient_checkpointing and self.mode == "lora" and self._view != "theta":
@@ -199,10 +201,16 @@ class TrainingState:
         value = float(norm)
         if finite_loss and math.isfinite(value):
             self.optimizer.step()
+            self.update_ema(self.optimizer_steps)
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
         return value
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken (AdamW's own count, which checkpoints keep): the official loops' global_step."""
+        return max((int(st["step"]) for st in self.optimizer.state.values() if "step" in st), default=0)
 
     def update_ema(self, step: int) -> None:
         """Fold θ into its EMA after optimizer step number `step` (1 for the first); no-op without one."""

@@ -2,7 +2,8 @@
 
     advantages   from the batch's K true rewards per prompt (`OBJECTIVES[objective].advantages`)
     update       the objective's optimizer step(s) on θ (`learner.updates`)
-    soft-update  θ_old ← d·θ_old + (1 − d)·θ with d = `learner.decay.decay(version)`, and the EMA of θ
+    soft-update  θ_old ← d·θ_old + (1 − d)·θ with d = `learner.decay.decay(version)` (the EMA of θ follows
+                 each optimizer step: `TrainingState.step`)
 
 A non-finite reward trains nothing: the step is skipped and the policy version stays (nothing new to
 publish). `version` counts the successful updates; it names the sampling policy everywhere.
@@ -47,13 +48,16 @@ class Updater:
         return rewards
 
     def update(self, iteration: int, groups: list[Group], advantages: torch.Tensor,
-               slots: list[int] | None = None) -> tuple[dict[str, float], int]:
-        """The objective's step(s) on `groups`, the rollouts of `slots` (default: every slot, in order);
-        its numbers and the model passes it took."""
+               slots: list[int] | None = None, batch_advantages: torch.Tensor | None = None
+               ) -> tuple[dict[str, float], int]:
+        """The objective's step(s) on `groups`, the rollouts of `slots` (default: every slot, in order), with
+        their `advantages` (`batch_advantages`: the whole batch's, when `groups` are a rank's part); its numbers
+        and the model passes it took."""
         context = UpdateContext(self.policy, self.state, self.config.learner, self.sigmas, self.config.run.seed,
                                 iteration, slots=list(range(len(groups))) if slots is None else slots,
                                 batch_slots=len(groups) if slots is None else self.config.prompts.per_iteration,
-                                shard=self.shard, sde_noise_level=self.config.sampler.sde_noise_level)
+                                shard=self.shard, sde_noise_level=self.config.sampler.sde_noise_level,
+                                cfg_scale=self.config.sampler.cfg_scale, batch_advantages=batch_advantages)
         losses = self.objective.update(context, groups, advantages)
         return losses, context.passes
 
@@ -65,15 +69,15 @@ class Updater:
         if not bool(torch.isfinite(rewards).all()):
             self.state.skip_step()  # a broken reward trains nothing and publishes nothing
         else:
-            advantages = self.objective.advantages(rewards, self.config.learner)[slots]
-            losses, passes = self.update(iteration, mine, advantages, slots)
+            advantages = self.objective.advantages(rewards, self.config.learner)
+            losses, passes = self.update(iteration, mine, advantages[slots], slots, advantages)
         skipped = self.state.skipped_steps > skipped_before
         if not skipped:
             self.soft_update()
         return Update(losses, skipped, passes)
 
     def soft_update(self) -> None:
-        """Count the update, then move θ_old and the EMA toward θ with the step count after the increment."""
+        """Count the update, then move θ_old toward θ with the update count after the increment (the EMA of θ
+        follows each optimizer step: `TrainingState.step`)."""
         self.version += 1
-        self.state.update_ema(self.version)
         self.state.soft_update(self.config.learner.decay.decay(self.version))

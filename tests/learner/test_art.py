@@ -225,6 +225,58 @@ def test_trust_mask_blocks_only_states_that_drifted_away_from_their_target_outsi
     assert diag["masked_fraction"].item() == pytest.approx(0.25)
 
 
+def test_the_two_readings_of_the_mask_block_opposite_states():
+    """Past δ, away_from_target blocks a state whose drift points away from its target (whose regression would
+    pull it back); trust_region blocks the step that would carry a state further from θ_old (a target beyond
+    it along its drift) and keeps the corrective ones. A state that overshot its target is kept by both, and
+    nothing inside the region is masked by either."""
+    b, d = 4, 8
+    t, dt, v_old, unit = torch.full((b,), 0.5), torch.full((b,), -0.1), torch.zeros(b, d), torch.ones(b, d)
+    v_theta = v_old + torch.tensor([1.0, 1.0, 1.0, 1e-3]).view(-1, 1) * unit  # three past δ, one inside
+    # targets along the drift's line: behind θ_old, beyond θ (further out), short of θ (overshot), beyond
+    v_target = v_old + torch.tensor([-1.0, 2.0, 0.5, 2.0]).view(-1, 1) * unit
+    away = trust_mask(v_theta, v_old, v_target, t, dt, reading="away_from_target")
+    region = trust_mask(v_theta, v_old, v_target, t, dt, reading="trust_region")
+    assert away.tolist() == [0.0, 1.0, 1.0, 1.0]
+    assert region.tolist() == [1.0, 0.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="unknown trust mask 'both'"):
+        trust_mask(v_theta, v_old, v_target, t, dt, reading="both")
+
+
+@pytest.mark.parametrize("reading", ["away_from_target", "trust_region"])
+def test_only_the_trust_region_reading_bounds_the_drift(reading):
+    """Regressing one state onto a target far from θ_old: the trust-region reading stops once the state's KL
+    passes δ (every further step would move it out), so the drift ends within one step of δ; the other reading
+    never blocks a state drifting towards its target and goes all the way."""
+    t, dt, v_old = torch.full((1,), 0.5), torch.full((1,), -0.1), torch.zeros(1, 8)
+    v_target = v_old + 1.0
+    v = v_old.clone().requires_grad_(True)
+    optim = torch.optim.SGD([v], lr=0.05)
+    for _ in range(2000):  # each step covers 2·0.05/8 = 1/80 of the remaining gap
+        loss, _ = art_loss(v, v_target, v_old, t, dt, threshold=1e-5, reading=reading)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    final = float(sde_kl(v.detach(), v_old, t, dt))
+    if reading == "trust_region":  # the first step (drift 1/80, KL 2.5e-5) crossed δ; every later one was blocked
+        assert final == pytest.approx(float(sde_kl(v_old + 1 / 80, v_old, t, dt)), rel=1e-4) and final > 1e-5
+    else:
+        assert float((v.detach() - v_target).abs().max()) < 1e-4 and final > 1000 * 1e-5  # at its target
+
+
+def test_an_art_iteration_logs_the_whole_batch_mask_the_restoration_and_the_drift(small_trainer):
+    trainer = small_trainer("learner.algorithm=diffusionnft", "learner.objective=art", "learner.decay.type=0",
+                            "learner.micro_batch=5", "learner.art.trust_mask=trust_region")
+    losses = trainer.train_iteration(0).losses
+    assert losses["window1_masked_fraction"] == 0.0 and losses["window1_restore"] == 0.0  # no drift in window 1
+    # over all 2 prompts × 2 samples × ⌊0.6·4⌋ = 2 states per window, in micro-batches of 5: a share of 8 states
+    assert losses["window2_masked_fraction"] * 8 == round(losses["window2_masked_fraction"] * 8)
+    assert losses["window2_restore"] > 0 and losses["window2_guidance"] == pytest.approx(1.0, rel=1e-5)
+    ratio = losses["window2_restore"] / losses["window2_guidance"]
+    assert losses["window2_restore_to_guidance"] == pytest.approx(ratio)
+    assert losses["drift_kl"] > 0
+
+
 # ---------------------------------------------------------------- windows
 
 

@@ -12,12 +12,42 @@ from tiny import tiny_config
 
 from learner.data_parallel import LearnerGroupUnreachable, Shard, join, owner_of, slot_balance
 from learner.trainer import Trainer
+from learner.updates import micro_batches
 
 TOLERANCE = 1e-6  # fp32 rounding of a sum formed in another order (learner/data_parallel.py)
 OBJECTIVES = {
     "nft": ["learner.algorithm=diffusionnft"],
     "art": ["learner.algorithm=diffusionnft", "learner.objective=art", "learner.decay.type=0"],
+    "flow_grpo": ["learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0"],
 }
+# A NaN in slot 1's first sample (row 4 of 8) with micro-batches of 3: the whole batch's micro-batch [3, 6)
+# holds it, which spans both ranks (rank 0 owns slot 0: rows 0–3, rank 1 slot 1: rows 4–7).
+NAN_ROW, NAN_SETS = 4, ["learner.algorithm=diffusionnft", "learner.micro_batch=3"]
+
+
+def _nan_update(trainer: Trainer, slots: list[int]) -> dict:
+    """One NFT update on `slots` (a rank's, or all) with sample NAN_ROW's x0 set to NaN; θ and the metrics."""
+    prompts = trainer.prompts_for(0)
+    groups = [trainer.rollout(0, slot, prompts[slot]) for slot in slots]
+    keep = trainer.config.prompts.keep
+    for slot, group in zip(slots, groups, strict=True):
+        if slot == NAN_ROW // keep:
+            group.samples.x0 = group.samples.x0.clone()
+            group.samples.x0[NAN_ROW % keep] = float("nan")
+    batch = trainer._whole_batch(slots, groups)
+    advantages = trainer.updater.objective.advantages(trainer.updater.rewards_for_update(0, batch),
+                                                      trainer.config.learner)
+    metrics, _ = trainer.updater.update(0, groups, advantages[slots], slots, advantages)
+    return {"theta": {k: v.detach() for k, v in trainer.state.theta_parameters().items()}, "metrics": metrics}
+
+
+def _nan_rank(rank: int, world: int, address: str, out: str) -> None:
+    torch.set_num_threads(1)
+    shard = Shard(rank, world)
+    join(address, shard, timeout_s=120)
+    trainer = Trainer(tiny_config(*NAN_SETS), shard=shard)
+    slots = [s for s in range(2) if shard.owns(s, 2)]
+    torch.save(_nan_update(trainer, slots), f"{out}/rank{rank}.pt")
 
 
 def _rank(rank: int, world: int, address: str, overrides: list[str], out: str) -> None:
@@ -141,7 +171,43 @@ def test_two_ranks_train_like_one_learner(objective, tmp_path):
     for key in ("reward_mean", "reward_max", "fp_sample_steps"):
         assert group[0][key] == history[0][key]
         assert [m[key] for m in group] == pytest.approx([m[key] for m in history], rel=1e-5)
-    assert [m["loss"] for m in group] == pytest.approx([m["loss"] for m in history], rel=1e-4)
+    # abs: flow_grpo's loss sums its optimizer steps' near-opposite losses (≈ 1e-5 of ≈ 0.4 each)
+    assert [m["loss"] for m in group] == pytest.approx([m["loss"] for m in history], rel=1e-4, abs=1e-6)
+
+
+def test_micro_batches_are_cut_from_the_whole_batch_on_every_rank():
+    """Each rank's parts of micro-batch m together are the whole batch's positions [m·size, (m + 1)·size), and
+    every rank has a part (maybe empty) of each, so they meet at every micro-batch."""
+    whole, size = 40, 7
+    for world in (1, 2, 3, 5):
+        ranks = [torch.tensor([p for p in range(whole) if owner_of(p // 8, 5, world) == r]) for r in range(world)]
+        parts = [micro_batches(rows, whole, size) for rows in ranks]
+        assert {len(p) for p in parts} == {6}
+        for m in range(6):
+            together = sorted(int(p) for rows, rank_parts in zip(ranks, parts, strict=True)
+                              for p in rows[rank_parts[m]])
+            assert together == list(range(m * size, min((m + 1) * size, whole)))
+
+
+def test_a_nan_drops_the_same_samples_in_a_learner_group_as_in_one_learner(tmp_path):
+    """Before, each rank cut micro-batches from its own rows: rank 1 dropped rows 4–6 where one learner drops
+    3–5, and the steps differed. Now both ranks drop the whole batch's micro-batch [3, 6) together."""
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    mp.start_processes(_nan_rank, args=(2, address, str(tmp_path)), nprocs=2, start_method="spawn")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = _nan_update(Trainer(tiny_config(*NAN_SETS)), [0, 1])
+    finally:
+        torch.set_num_threads(threads)
+    trained = int(0.6 * 4)  # ⌊timestep_fraction · steps⌋: the NaN micro-batch is dropped at each
+    assert alone["metrics"]["dropped_micro_batches"] == trained
+    assert all(r["metrics"]["dropped_micro_batches"] == trained for r in ranks)
+    theta = alone["theta"]
+    worst = max(float((ranks[0]["theta"][k] - theta[k]).abs().max()) for k in theta)
+    assert worst <= TOLERANCE, worst
+    assert max(float(theta[k].abs().max()) for k in theta if ".lora_B." in k) > 100 * TOLERANCE
 
 
 def test_a_rendezvous_nobody_answers_ends_in_one_line_within_the_timeout():

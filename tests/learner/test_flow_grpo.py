@@ -121,3 +121,119 @@ def test_a_flow_grpo_iteration_trains_on_sde_rollouts(small_trainer) -> None:
     assert any(not torch.equal(before[k], v) for k, v in trainer.state.theta_parameters().items())
     # 2 prompts × 4 samples × ⌊0.9·4⌋ = 3 steps, each θ forward + backward (3) and the reference (1)
     assert metrics["train_passes"] == 2 * 4 * 3 * 4
+
+
+# ---- Flow-GRPO as its authors run it (yifan123/flow_grpo `scripts/train_sd3.py`, `config/grpo.py`) -------------
+GRPO = ("learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
+        "learner.timestep_fraction=0.99")
+
+
+def _context(trainer, **learner_updates):
+    from learner.updates import UpdateContext
+
+    learner = trainer.config.learner
+    if learner_updates:
+        learner = learner.model_copy(update={"grpo": learner.grpo.model_copy(update=learner_updates)})
+    return UpdateContext(trainer.policy, trainer.state, learner, trainer.updater.sigmas, 0, 0, slots=[0, 1],
+                         batch_slots=2)
+
+
+def test_the_rollout_stores_the_samplers_log_prob_of_every_step(small_trainer) -> None:
+    """log π_old is recorded while sampling, one per step taken, and is the density of the step the sampler took
+    under the transition the policy defines at that state (what the PPO ratio divides by)."""
+    trainer = small_trainer(*GRPO)
+    group = trainer.rollout(0, 0, trainer.prompts_for(0)[0])
+    samples, sigmas = group.samples, trainer.updater.sigmas
+    assert samples.log_probs.shape == (4, len(sigmas) - 1)
+    cond = trainer.policy.encode([group.prompt] * 4)
+    for i in range(len(sigmas) - 1):
+        with trainer.state.use("old") as model:
+            v = trainer.policy.velocity(samples.states[i], sigmas[i].expand(4), cond, transformer=model)
+        mean, scale = flow_sde_transition(samples.states[i], v, sigmas[i], sigmas[i + 1], 0.7, float(sigmas[1]))
+        torch.testing.assert_close(samples.log_probs[:, i], gaussian_log_prob(samples.states[i + 1], mean, scale))
+
+
+def test_two_optimizer_steps_make_the_ratio_move_and_the_clip_bind(small_trainer) -> None:
+    """The first step is taken at θ = θ_old (ratio 1 up to rounding, nothing clipped); the second at the θ the
+    first left, against the stored log π_old: ratios ≠ 1 and |ratio − 1| > ε clips."""
+    trainer = small_trainer(*GRPO)
+    losses = trainer.train_iteration(0).losses
+    assert losses["step1_ratio_mean"] == pytest.approx(1.0, abs=1e-6) and losses["step1_clip_fraction"] == 0.0
+    assert losses["step2_ratio_mean"] != 1.0 and losses["step2_clip_fraction"] > 0.0
+    assert losses["step2_approx_kl"] > 0.0 and math.isfinite(losses["step2_grad_norm"])
+    assert "step3_loss" not in losses and trainer.state.optimizer_steps == 2
+
+
+def test_the_trained_steps_are_the_first_ones_in_order_and_never_the_last(small_trainer) -> None:
+    from learner.updates import trained_steps
+
+    ctx = _context(small_trainer(*GRPO))
+    assert torch.equal(trained_steps(ctx, 3, 10), torch.arange(9).expand(3, 9))  # 0.99 of 10: steps 0..8
+    shuffled = trained_steps(_context(small_trainer(*GRPO), timesteps="shuffled"), 3, 10)
+    assert shuffled.shape == (3, 9) and not torch.equal(shuffled, torch.arange(9).expand(3, 9))
+
+
+def test_zero_advantage_samples_are_dropped_and_the_rest_shared_between_the_steps(small_trainer) -> None:
+    from learner.updates import optimizer_batches
+
+    ctx = _context(small_trainer(*GRPO))
+    advantages = torch.tensor([[0.5, 0.0, -0.5, 0.0], [1.0, -1.0, 0.0, 2.0]])
+    shares = optimizer_batches(ctx, advantages)
+    assert [len(s) for s in shares] == [3, 2]
+    assert sorted(torch.cat(shares).tolist()) == [0, 2, 4, 5, 7]  # the rows whose advantage is not 0
+    assert all(torch.equal(a, b) for a, b in zip(shares, optimizer_batches(ctx, advantages), strict=True))
+    kept_all = optimizer_batches(_context(small_trainer(*GRPO), drop_zero_advantage=False), advantages)
+    assert sorted(torch.cat(kept_all).tolist()) == list(range(8))
+
+
+def test_a_prompt_with_equal_rewards_trains_nothing(small_trainer) -> None:
+    trainer = small_trainer(*GRPO)
+    groups = [trainer.rollout(0, slot, p) for slot, p in enumerate(trainer.prompts_for(0))]
+    groups[0].samples.rewards = torch.full_like(groups[0].samples.rewards, 3.0)  # advantage 0 for all four
+    advantages = trainer.updater.objective.advantages(trainer.updater.rewards_for_update(0, groups),
+                                                      trainer.config.learner)
+    metrics, passes = trainer.updater.update(0, groups, advantages)
+    assert metrics["trained_samples"] == 4 and passes == 4 * 3 * 4  # slot 1's four: 3 steps, θ (3) + reference (1)
+
+
+def test_cfg_is_applied_in_the_training_forward_as_in_the_rollout(small_trainer) -> None:
+    """With guidance, the update's log π at θ = θ_old is the rollout's own (ratio 1 at the first step), which
+    only holds when the training forward guides as the sampler did; each guided forward counts twice."""
+    trainer = small_trainer(*GRPO, "sampler.cfg_scale=3.0")
+    ctx, group = _context(trainer), trainer.rollout(0, 0, trainer.prompts_for(0)[0])
+    x, sigma = group.samples.states[1], ctx.sigmas[1].expand(4)
+    with trainer.state.use("old") as model:
+        guided = ctx.velocity(model, x, sigma, [group.prompt] * 4, cfg_scale=3.0)
+        plain = ctx.velocity(model, x, sigma, [group.prompt] * 4)
+    assert float((guided - plain).abs().mean()) > 0.01 and ctx.passes == 4 * 2 + 4
+    losses = trainer.train_iteration(0).losses
+    assert losses["step1_ratio_mean"] == pytest.approx(1.0, abs=1e-6) and losses["step1_clip_fraction"] == 0.0
+
+
+@pytest.mark.parametrize(("weights", "expected"), [
+    ("{pickscore: 1.0}", 0.01), ("{clipscore: 1.0}", 0.02), ("{ocr: 1.0}", 0.04), ("{digit_margin: 1.0}", 0.04),
+    ("{digit_margin: 1.0, jpeg_compressibility: 0.5}", 0.04)])
+def test_the_kl_weight_is_the_sources_for_the_configured_reward(weights, expected) -> None:
+    from cluster.config.loading import load_config
+
+    config = load_config("configs/embedded.yaml", [*GRPO, f"reward.weights={weights}"])
+    assert config.learner.grpo.kl_weight == expected
+    assert load_config("configs/embedded.yaml", [*GRPO, "learner.grpo.kl_weight=0.5"]).learner.grpo.kl_weight == 0.5
+
+
+def test_the_ema_interval_is_the_objectives_and_folds_every_nth_step() -> None:
+    from cluster.config.loading import load_config
+    from learner.ema import ParameterEMA
+
+    assert load_config("configs/embedded.yaml", list(GRPO)).training.ema_every == 8
+    assert load_config("configs/embedded.yaml", []).training.ema_every == 1
+    assert load_config("configs/embedded.yaml", [*GRPO, "training.ema_every=2"]).training.ema_every == 2
+    theta = {"w": torch.zeros(1)}
+    ema, folded = ParameterEMA(theta, 0.9, every=8), []
+    for step in range(1, 17):
+        theta["w"] += 1.0
+        before = ema.average["w"].clone()
+        ema.update(theta, step)
+        if not torch.equal(before, ema.average["w"]):
+            folded.append(step)
+    assert folded == [7, 15]  # (s + 1) mod 8 = 0, as the source's EMAModuleWrapper.step
