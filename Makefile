@@ -66,6 +66,8 @@ bench: $(STAMP)
 		--json bench/results/rank_fidelity_margin.json
 	$(PY) -m bench.adaptive_explore --prompts 24 --set "reward.weights={digit_margin: 1.0}" \
 		--json bench/results/adaptive_explore.json
+	$(PY) -m bench.selection_stats --prompts 24 --set "reward.weights={digit_margin: 1.0}" \
+		--json bench/results/selection_stats.json
 	$(PY) -m bench.weight_sync --json bench/results/weight_sync.json
 	$(PY) -m bench.cluster_throughput --json bench/results/cluster_throughput.json
 	$(PY) -m bench.evidence
