@@ -86,12 +86,16 @@ class Explorer:
             time.sleep(0.02)
         return self.subscriber.version
 
-    def explore(self, iteration: int, slot: int, prompt: str, version: int) -> RankedGroup:
+    def explore(self, iteration: int, slot: int, prompt: str, version: int,
+                spread_reference: float | None = None) -> RankedGroup:
+        """One slot's ranked group with policy `version`; `spread_reference`: the spread schedule's reference
+        for `iteration`, which the driver sends with each request (None: every slot explores all N)."""
         version = self.sync(version)
         group = explore_group(
             self.policy, self.engine.module, self.reward, iteration=iteration, slot=slot, prompt=prompt,
             seeds=candidate_seeds(self.run_seed, iteration, slot, self.candidates), sampling=self.sampling,
             policy_version=version, metadata=self.prompt_set.metadata_of(prompt)[0],
+            spread_reference=spread_reference,
         )
         self.metrics.explored(group)
         return group

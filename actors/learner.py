@@ -118,7 +118,7 @@ class Learner:
 
     def status(self) -> dict[str, Any]:
         return {"iteration": self.trainer.iteration, "version": self.trainer.version, "pid": os.getpid(),
-                "rank": self.shard.rank}
+                "rank": self.shard.rank, "spread_reference": self.trainer.spread_reference}
 
     @ray.method(concurrency_group="republish")
     def ensure_published(self) -> list[str]:

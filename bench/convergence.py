@@ -11,18 +11,20 @@ differ only in how they explore and what they train on. Every `--eval-every` ite
 policy is evaluated on fixed held-out prompts and seeds (full precision, the sampler's steps).
 
 Three clocks: iterations; measured wall time (this CPU); and **modeled GPU time** — a cost model,
-not a measurement: one full-precision denoising step of one sample costs c, a low-precision step
-0.46·c (REFERENCE §1, from the paper's SD3.5-L Table 5: 125 s/(96·6) FP4 vs 451 s/(96·10) BF16),
-training as measured. c is measured inside the same run seed's diffusionnft run (its rollout seconds,
-reward included, per full-precision sample-step), under the same conditions as the training times it
-is added to; a separate calibration at the start was off by up to 50% when anything else ran meanwhile.
-Each point keeps its raw cumulative counters, so the model is applied (and can be re-applied) in the report.
+not a measurement: the run's counted work (`learner.iteration_record.Work`) priced at the paper's
+SD3.5-L Table 5 rates (`bench.prices`: sample-steps by precision and kind, training passes, and each
+image decoded and scored by the reward at d, which Table 5 brackets in [0, 0.117] GPU-s: the midpoint by
+default, `PRICES_LOW_D` and `PRICES_HIGH_D` its ends), or at measured costs (`--costs`). Each point keeps
+its raw cumulative counters, so the model is applied (and can be re-applied) in the report; points of run
+files from before `scored_images` was counted get it from their step counters and the run's settings
+(`backfill_scored_images`), the count the counter gives.
 
 Speedup of an algorithm = time for diffusionnft to first reach its own final held-out reward ÷ time for
 the algorithm to first reach it (per run seed; mean and spread over seeds; crossings interpolated between
 evaluations). A profile repeats this for the baseline's reward at ¼, ½ and ¾ of its run, because the
 answer depends on where the target sits on the curve. `--control` adds sol_rl with
-each prompt's rewards shuffled among its samples (must stay flat); `--art` adds sol_rl with DiffusionART.
+each prompt's rewards shuffled among its samples (must stay flat); `--art` adds sol_rl with DiffusionART
+(both readings of its trust mask).
 """
 
 from __future__ import annotations
@@ -36,31 +38,78 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.plan import PAPER_GPUS, PAPER_ROLLOUT_S, PAPER_SHAPE, Costs, load_costs, paper_costs
+from bench.plan import CONFIGS, load_costs
+from bench.prices import (
+    COUNTERS,
+    PRICES,
+    PRICES_HIGH_D,  # noqa: F401  (the bracket's ends, for a report's sensitivity)
+    PRICES_LOW_D,  # noqa: F401
+    Costs,
+    counter_prices,
+    measured_note,
+    prices_at,  # noqa: F401
+)
 from cluster.config.loading import load_config
 from cluster.config.schema import SolRLConfig
 from diffusion.progress import Progress
+from learner.algorithms import ALGORITHMS
+from learner.config import TrainerConfig
+from learner.rollouts import exploration_sampling, regeneration_sampling
 from learner.trainer import Trainer
 
-# The cost model: counted work priced at the paper's SD3.5-L Table 5 rates (`bench.plan.paper_costs`), in
-# GPU-seconds: a full-precision step of a kept sample (K-in-K rollout, regeneration) c_r; of a pool sample
-# (naive scaling's 96) c_b; a low-precision step of a pool sample c_x (= 0.46·c_b); a training pass
-# c_t / (6 timesteps · 5 passes) — the paper's update at SD3.5-L's timestep fraction, each trained timestep
-# θ forward + backward (3 passes), θ_old and the reference (1 each).
-_SD35 = paper_costs("sd35_large")
-PRICES = {"fp_sample_steps": _SD35.regen_s_per_sample_step,
-          "fp_pool_sample_steps": PAPER_ROLLOUT_S["sd35_large"][0] * PAPER_GPUS / (
-              PAPER_SHAPE.prompts * PAPER_SHAPE.candidates * PAPER_SHAPE.regen_steps),
-          "lp_sample_steps": _SD35.explore_s_per_sample_step,
-          "train_passes": _SD35.train_s_per_sample / (6 * 5)}
-COUNTERS = tuple(PRICES)
+# The cost model is `bench.prices`: every counter of `learner.iteration_record.Work` at the paper's
+# SD3.5-L Table 5 rates (PRICES, at the default decode + reward price d; PRICES_LOW_D and PRICES_HIGH_D at
+# the ends of the range Table 5 allows), or at measured costs (`prices_from`).
 
 
 def prices_from(costs: Costs) -> dict[str, float]:
     """GPU-seconds per counter from measured per-phase costs (`--costs`, e.g. `bench.gpu_check`'s): a pool's
-    full-precision step is priced as a regeneration step, a training pass as above."""
-    return {"fp_sample_steps": costs.regen_s_per_sample_step, "fp_pool_sample_steps": costs.regen_s_per_sample_step,
-            "lp_sample_steps": costs.explore_s_per_sample_step, "train_passes": costs.train_s_per_sample / (6 * 5)}
+    full-precision step is priced as a regeneration step, a scored image at the file's d (0 without one)."""
+    return counter_prices(costs)
+
+
+def images_per_step(config: TrainerConfig) -> dict[str, tuple[int, int]]:
+    """Per step counter, (images, sample-steps) of one unit of the work it counts in a run of `config`, each
+    image decoded and scored once (`learner.slot_rollout.SlotRollout.rollout`): a kept sample (regeneration,
+    K-in-K) is one image per S_r steps; Sol-RL's explore pass N + M images (M: successive halving's survivors,
+    0 without) per `Sampling.pool_steps(N)` steps (N·S_x, or N·f + M·(S_x − f)); a pool trained on (naive
+    scaling, naive quantization) one image per sampler step count. Pool sizes must be fixed: a schedule that
+    varies them per slot has only its counter."""
+    if config.explore.schedule not in ("fixed", "halving"):
+        raise ValueError(f"explore.schedule {config.explore.schedule}: pool sizes vary per slot, so scored "
+                         "images cannot be told from step counts; such a run must record scored_images")
+    algorithm, n = ALGORITHMS[config.learner.algorithm], config.prompts.candidates
+    regen, explore = regeneration_sampling(config), exploration_sampling(config)
+    if algorithm.explore_steps == "explore":
+        pool = (n + (explore.halving[1] if explore.halving is not None else 0), explore.pool_steps(n))
+    else:
+        pool = (1, regen.steps)
+    return {"fp_sample_steps": (1, regen.steps), "fp_pool_sample_steps": pool, "lp_sample_steps": pool}
+
+
+def backfill_scored_images(point: dict[str, Any], config: TrainerConfig) -> float:
+    """The `scored_images` of a point recorded without it, from its step counters and the run's `config`
+    (`images_per_step`): exactly what the counter gives, for every run of fixed pool sizes."""
+    return sum(point[counter] * images / steps for counter, (images, steps) in images_per_step(config).items())
+
+
+_RUN_CONFIGS: dict[str, SolRLConfig] = {}
+# Runs recorded (in older result files) under a name RUNS no longer has: their settings, for the backfill.
+RETIRED_RUNS: dict[str, list[str]] = {
+    "sol_rl_art": ["learner.algorithm=sol_rl", "learner.objective=art", "learner.decay.type=0"],
+}
+
+
+def run_config(name: str) -> SolRLConfig:
+    """The settings a named run (`RUNS`, or `RETIRED_RUNS`) trains with: the default config and its own."""
+    settings = RUNS.get(name, RETIRED_RUNS.get(name))
+    if settings is None:
+        raise ValueError(f"run {name!r}: its points have no scored_images counter (a run file from before it was "
+                         "counted) and it is not a named run (bench.convergence.RUNS or RETIRED_RUNS), so the "
+                         "settings to count its scored images from are unknown: add it to RETIRED_RUNS")
+    if name not in _RUN_CONFIGS:
+        _RUN_CONFIGS[name] = load_config(CONFIGS / "embedded.yaml", settings)
+    return _RUN_CONFIGS[name]
 
 
 def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
@@ -97,13 +146,21 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
 
 def modeled_cost(point: dict[str, Any], prices: dict[str, float] = PRICES) -> float:
     """Σ counter × its price (`PRICES`): modeled GPU-seconds, the same on any machine and under any load."""
+    missing = [key for key in prices if key not in point]
+    if missing:
+        raise KeyError(f"the point has no counter {', '.join(missing)}: add_modeled_cost fills scored_images "
+                       "for run files recorded before it was counted")
     return sum(point[key] * price for key, price in prices.items())
 
 
 def add_modeled_cost(runs: dict[str, dict[int, list[dict[str, Any]]]], prices: dict[str, float] = PRICES) -> None:
-    for by_seed in runs.values():
+    """`modeled_s` of every point; a point without `scored_images` (a run file from before it was counted)
+    gets it from its step counters and its named run's settings first (`backfill_scored_images`)."""
+    for name, by_seed in runs.items():
         for points in by_seed.values():
             for p in points:
+                if "scored_images" not in p:
+                    p["scored_images"] = backfill_scored_images(p, run_config(name))
                 p["modeled_s"] = modeled_cost(p, prices)
 
 
@@ -242,6 +299,12 @@ RUNS: dict[str, list[str]] = {
     **{f"sol_rl_halving{'' if f == 2 else f}": ["learner.algorithm=sol_rl", "explore.schedule=halving",
                                                   f"explore.halving_steps={f}", "explore.halving_survivors=48"]
        for f in (2, 3)},
+    # adaptive exploration by spread (this project's): every prompt 48 seeds, all 96 where their proxies' std
+    # reaches the previous iteration's median; each seed 6 steps, scored once
+    "sol_rl_spread": ["learner.algorithm=sol_rl", "explore.schedule=spread", "explore.spread_first=48"],
+    # the same, pools of 72 · std ÷ the median within [48, 96] (not in bench.evidence.PLAN: run it by name)
+    "sol_rl_spread_proportional": ["learner.algorithm=sol_rl", "explore.schedule=spread", "explore.spread_first=48",
+                                   "explore.spread_rule=proportional"],
     # the headline pair, trained until diffusionnft's held-out curve flattens (bench.evidence: LONG)
     **{f"{a}_long": [f"learner.algorithm={a}"] for a in ("diffusionnft", "sol_rl")},
 }
@@ -270,14 +333,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                         help="combine earlier result files (e.g. one per run) into --json; no training")
     args = parser.parse_args(argv)
-    prices = prices_from(load_costs(args.costs)) if args.costs else PRICES
+    prices = PRICES
+    if args.costs:
+        costs = load_costs(args.costs)
+        prices = prices_from(costs)
+        note = measured_note(costs)
+        if note:
+            print(note)
     if args.from_json:
         rereport(args.json, args.png, prices)
         return
     if args.merge:
         merge(args.merge, args.json, args.png, prices)
         return
-    names = args.runs + ["sol_rl_shuffled"] * args.control + ["sol_rl_art"] * args.art
+    names = args.runs + ["sol_rl_shuffled"] * args.control + [n for n in RUNS if n.startswith("sol_rl_art_")] * args.art
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         parser.error(f"unknown run(s) {', '.join(unknown)}: choose from {', '.join(RUNS)}")
@@ -305,8 +374,9 @@ def report(runs: dict[str, dict[int, list[dict[str, Any]]]], settings: dict, jso
                                         indent=1) + "\n")
         print(f"wrote {json_path} (no {BASELINE} run here: merge with one for speedups)")
         return
-    print("modeled GPU time: counted work at " + ("the paper's SD3.5-L prices" if prices is PRICES else
-          "the --costs prices") + " (GPU-s): " + ", ".join(f"{key} {price:.4g}" for key, price in prices.items()))
+    print("modeled GPU time: counted work at " + ("the paper's SD3.5-L prices (scored images at the midpoint "
+          "of the decode + reward price Table 5 allows)" if prices is PRICES else "the --costs prices")
+          + " (GPU-s): " + ", ".join(f"{key} {price:.4g}" for key, price in prices.items()))
     summaries = {f"vs_{b}": speedups(runs, b) for b in ("diffusionnft", "naive_scaling") if b in runs}
     for name, summary in summaries.items():
         print(f"\nspeedup {name.replace('_', ' ')} (target: its final held-out reward)")

@@ -42,6 +42,8 @@ PLAN: list[tuple[str, int]] = [
     # the halving schedule the selection bench ranks best (3 steps for all: 0.75× the exploration)
     *[("sol_rl_halving3", seed) for seed in (0, 1, 2)],
     *[(name, seed) for seed in (0, 1, 2) for name in LONG],
+    # adaptive exploration by spread: pools of 48 or 96 by the prompt's proxy spread (≈ 0.75× the exploration)
+    *[("sol_rl_spread", seed) for seed in (0, 1, 2)],
 ]
 
 

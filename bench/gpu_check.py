@@ -13,6 +13,8 @@ Writes DIR/gpu_check.json, DIR/gpu_check.md (the tables) and DIR/costs_<model>.j
   (``torchao``) and in NVFP4 emulation (``modelopt`` on CUDA), each warm and synchronised; the FP8/BF16 ratio
   beside the paper's Blackwell FP4/BF16 0.46; the FP8 engine's refresh after a weight load, against the load;
 - ``decode_reward``: the VAE decode and one reward forward (a tiny CLIP at the real 224 px input) per image;
+  their sum is the costs files' ``decode_reward_s_per_image`` (d, `bench.prices`), a lower bound: a real
+  reward model is larger than the tiny CLIP;
 - ``memory``: peak GPU memory of an explorer's forward and of a LoRA learner step (with and without gradient
   checkpointing) against ``bench.memory``'s estimates, less the text encoders and VAE this check does not load;
 - ``wheels``: what must be carried to the GPU machine beyond its torch, transformers and peft.
@@ -330,14 +332,17 @@ def gpu_tests(timeout_s: float) -> dict[str, Any]:
     return {"exit_code": code, "summary": tail[0], "seconds": time.perf_counter() - start}
 
 
-def costs(row: dict[str, Any]) -> Costs:
-    """Per-phase costs for `bench.plan` / `bench.convergence`: the FP8 and BF16 step prices measured here;
-    training per sample = 6 trained timesteps × (one LoRA forward + backward + θ_old's and the reference's
-    forwards, at BF16's step price)."""
+def costs(row: dict[str, Any], decode: dict[str, float] | None = None) -> Costs:
+    """Per-phase costs for `bench.plan` / `bench.convergence`: the FP8 and BF16 step prices measured here
+    (the transformer's steps alone); training per sample = 6 trained timesteps × (one LoRA forward + backward
+    + θ_old's and the reference's forwards, at BF16's step price); `decode` (`decode_reward`): an image's VAE
+    decode and reward forward, the same in any precision (0 without it)."""
     train = row.get("lora_step_s_per_sample_checkpointed") or row.get("lora_step_s_per_sample") or 0.0
+    per_image = 0.0 if decode is None else decode["vae_decode_s_per_image"] + decode["reward_forward_s_per_image"]
     return Costs(explore_s_per_sample_step=row["fp8_s_per_sample_step"],
                  regen_s_per_sample_step=row["bf16_s_per_sample_step"],
-                 train_s_per_sample=6 * (train + 2 * row["bf16_s_per_sample_step"]))
+                 train_s_per_sample=6 * (train + 2 * row["bf16_s_per_sample_step"]),
+                 decode_reward_s_per_image=per_image)
 
 
 def gib(value: Any) -> str:
@@ -400,12 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in names:
         print(f"pricing {name} ...", flush=True)
-        result["step_price"][name] = row = step_price(table[name], device, dtype, args.tiny, args.repeats,
-                                                      budget_s=20.0)
-        save_costs(costs(row), args.out / f"costs_{name}.json")
+        result["step_price"][name] = step_price(table[name], device, dtype, args.tiny, args.repeats, budget_s=20.0)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    result["decode_reward"] = decode_reward(device, dtype, args.tiny, args.repeats)
+    result["decode_reward"] = decode = decode_reward(device, dtype, args.tiny, args.repeats)
+    for name, row in result["step_price"].items():
+        save_costs(costs(row, decode), args.out / f"costs_{name}.json")
     (args.out / "gpu_check.json").write_text(json.dumps(result, indent=1) + "\n")
     text = markdown(result)
     (args.out / "gpu_check.md").write_text(text)

@@ -8,9 +8,13 @@ candidates × S_x steps, low precision, on explorers), regenerate (P × K kept s
 full precision, on learners), train (P × K kept samples, on learners); then the learner publishes
 the new weights. The model prices each phase in GPU-seconds and lays it out on GPUs.
 
-Costs (GPU-seconds; one GPU busy for one second is one GPU-second):
-    c_x   explore_s_per_sample_step   one low-precision denoising step of one candidate (reward included)
-    c_r   regen_s_per_sample_step     one full-precision denoising step of one kept seed (reward included)
+Costs (GPU-seconds; one GPU busy for one second is one GPU-second; the price table and its derivation
+are `bench.prices`'):
+    c_x   explore_s_per_sample_step   one low-precision denoising step of one candidate
+    c_r   regen_s_per_sample_step     one full-precision denoising step of one kept seed
+    d     decode_reward_s_per_image   decoding one image and scoring it with the reward, any precision
+                                      (optional, default 0: the step prices then include it, as a run's
+                                      measured costs do). Every image explored or regenerated costs one d.
     c_t   train_s_per_sample          training on one kept sample: all its trained timesteps, forward and
                                       backward. Per sample, not per timestep: the paper reports training per
                                       iteration only, at the presets' timestep_fraction; a run that changes it
@@ -19,23 +23,27 @@ Costs (GPU-seconds; one GPU busy for one second is one GPU-second):
     o     overhead_s                  wall seconds per iteration of everything else (optional, default 0)
 
 Default costs, from the paper's Table 5 (8 GPUs, every GPU on each phase, synchronous), with
-P = 48, N = 96, K = 24, S_x = 6, S_r = 10 as in the presets:
+P = 48, N = 96, K = 24, S_x = 6, S_r = 10 as in the presets (`bench.prices` derives them):
     sd35_large, measured per phase: explore 125 s, regenerate 62 s, train 240 s (427 s), naive BF16
-        rollout of 96 × 48 at 10 steps 451 s.
-        c_x = 125·8 / (48·96·6)   = 0.03617       c_r = 62·8 / (48·24·10) = 0.04306
-        c_t = 240·8 / (48·24)     = 1.6667        naive step c_b = 451·8 / (48·96·10) = 0.07830
-        so c_x / c_b = 0.46 (FP4 step vs BF16 step), c_r / c_b = 0.550, c_t / c_b = 21.29.
+        rollout of 96 × 48 at 10 steps 451 s. Per image, decode and reward included (GPU-s):
+        explore 125·8 / (48·96) = 0.2170 = 6·c_x + d     regenerate 62·8 / (48·24) = 0.4306 = 10·c_r + d
+        naive 451·8 / (48·96)   = 0.7830 = 10·c_b + d    c_t = 240·8 / (48·24) = 1.6667
+        Table 5 leaves d open between 0 (c_x / c_b = 0.46, the paper's FP4 step ratio) and 0.1171 (0.25,
+        NVFP4's ideal); the default is the midpoint d = 0.05857: c_x = 0.02641, c_r = 0.03720,
+        c_b = 0.07244, so c_x / c_b = 0.365, c_r / c_b = 0.513, c_t / c_b = 23.0. Any d of the bracket
+        gives Table 5's phase times exactly.
     flux_dev and sana_1600m: only rollout totals are published: naive 274 s → Sol-RL 169 s (FLUX),
-        95 s → 76 s (SANA). Derived: c_b from the naive rollout as above; c_r and c_t as the same
-        multiples of c_b as SD3.5-L's (0.550 and 21.29: the regeneration pipeline and the
-        training-to-sampling ratio carry over); c_x takes the rest of the Sol-RL rollout:
-        c_x = (rollout·8 − P·K·S_r·c_r) / (P·N·S_x). This gives c_x / c_b = 0.80 for FLUX and 1.10
-        for SANA: at 512 px and 1.6B parameters the FP4 step saves little or nothing, and the
-        rollout gain comes from the fewer steps. Assumptions, not measurements: measure and pass --costs.
+        95 s → 76 s (SANA). Derived: c_r, c_t and d as SD3.5-L's multiples of the naive rollout's per-image
+        cost (the regeneration pipeline, the training-to-sampling ratio and the decode + reward share carry
+        over); c_x takes the rest of the Sol-RL rollout: P·N·(S_x·c_x + d) = rollout·8 − P·K·(S_r·c_r + d).
+        This gives c_x / c_b = 0.73 for FLUX and 1.06 for SANA at the default d (0.80 and 1.10 at d = 0):
+        at 512 px and 1.6B parameters the FP4 step saves little or nothing, and the rollout gain comes
+        from the fewer steps. Assumptions, not measurements: measure and pass --costs.
 
-Layout of one iteration (wall seconds; W_x = P·N·S_x·c_x, W_r = P·K·S_r·c_r, W_t = P·K·c_t;
-g = N·S_x·c_x one prompt's exploration on one GPU; r = K·S_r·c_r one prompt's regeneration, t = K·c_t
-its training). Both sides take whole prompt slots, so both count the busiest GPU's slots:
+Layout of one iteration (wall seconds; W_x = P·g, W_r = P·r, W_t = P·K·c_t; g = N·S_x·c_x + N·d one
+prompt's exploration on one GPU (with successive halving, `Shape.halving`: (N·f + M·(S_x − f))·c_x +
+(N + M)·d); r = K·(S_r·c_r + d) one prompt's regeneration, t = K·c_t its training). Both sides take whole
+prompt slots, so both count the busiest GPU's slots:
     Explorers: the pool sends slot s to explorer s mod E (cluster/runtime/explorer_pool.py `submit`) and
         an explorer actor runs its calls one at a time, in the order sent, so explorer j explores slots
         j, j + E, j + 2E, … one after another; the busiest explores ceil(P / E) groups:
@@ -89,22 +97,25 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from bench.prices import (
+    D_DEFAULT,
+    PAPER_CANDIDATES,
+    PAPER_COLOCATED_S,  # noqa: F401  (this and the other noqa names: Table 5's numbers, re-exported)
+    PAPER_EXPLORE_STEPS,
+    PAPER_GPUS,  # noqa: F401
+    PAPER_KEEP,
+    PAPER_PROMPTS,
+    PAPER_REGEN_STEPS,
+    PAPER_ROLLOUT_S,
+    SD35_PHASES_S,  # noqa: F401
+    Costs,
+    measured_note,
+    paper_model_costs,
+)
 from learner.data_parallel import owner_of, slot_balance
 
 Mode = Literal["sync", "async"]
 MODELS = ("sd35_large", "flux_dev", "sana_1600m")
-PAPER_GPUS = 8
-
-
-@dataclass(frozen=True)
-class Costs:
-    """Per-phase costs in GPU-seconds; sync_s and overhead_s are wall seconds per iteration."""
-
-    explore_s_per_sample_step: float
-    regen_s_per_sample_step: float
-    train_s_per_sample: float
-    sync_s: float = 0.0
-    overhead_s: float = 0.0
 
 
 REQUIRED = ("explore_s_per_sample_step", "regen_s_per_sample_step", "train_s_per_sample")
@@ -112,6 +123,8 @@ FIELD_HELP = {
     "explore_s_per_sample_step": "GPU-seconds of one low-precision denoising step of one candidate",
     "regen_s_per_sample_step": "GPU-seconds of one full-precision denoising step of one kept seed",
     "train_s_per_sample": "GPU-seconds to train on one kept sample, all its trained timesteps",
+    "decode_reward_s_per_image": "GPU-seconds to decode one image and score it with the reward (optional, 0: "
+                                 "the step prices include it)",
     "sync_s": "wall seconds per iteration to publish weights",
     "overhead_s": "wall seconds per iteration outside the three phases",
 }
@@ -119,44 +132,43 @@ FIELD_HELP = {
 
 @dataclass(frozen=True)
 class Shape:
-    """One iteration's amounts: prompts P, candidates N, kept K, explore steps S_x, regeneration steps S_r."""
+    """One iteration's amounts: prompts P, candidates N, kept K, explore steps S_x, regeneration steps S_r;
+    `halving`: successive halving's (first steps f, survivors M), None: one explore pass."""
 
     prompts: int
     candidates: int
     keep: int
     explore_steps: int
     regen_steps: int
+    halving: tuple[int, int] | None = None
+
+    def explore_sample_steps(self) -> int:
+        """One prompt's explore sample-steps: N·S_x, or N·f + M·(S_x − f) (`learner.rollouts.Sampling.pool_steps`)."""
+        if self.halving is None:
+            return self.candidates * self.explore_steps
+        first, survivors = self.halving
+        return self.candidates * first + survivors * (self.explore_steps - first)
+
+    def explore_scored(self) -> int:
+        """One prompt's explored images decoded and scored: N, or N + M (`successive_halving`)."""
+        return self.candidates + (self.halving[1] if self.halving is not None else 0)
 
 
-PAPER_SHAPE = Shape(prompts=48, candidates=96, keep=24, explore_steps=6, regen_steps=10)
-# Table 5, seconds per iteration on 8 GPUs: the naive BF16 rollout and Sol-RL's rollout (explore + regenerate).
-PAPER_ROLLOUT_S = {"sd35_large": (451.0, 187.0), "flux_dev": (274.0, 169.0), "sana_1600m": (95.0, 76.0)}
-SD35_PHASES_S = {"explore": 125.0, "regen": 62.0, "train": 240.0}
-PAPER_COLOCATED_S = 427.0  # SD3.5-L, Sol-RL end to end
+PAPER_SHAPE = Shape(prompts=PAPER_PROMPTS, candidates=PAPER_CANDIDATES, keep=PAPER_KEEP,
+                    explore_steps=PAPER_EXPLORE_STEPS, regen_steps=PAPER_REGEN_STEPS)
 
 
 class PlanError(ValueError):
     """Bad input to the plan, stated with the fix."""
 
 
-def paper_costs(model: str) -> Costs:
-    """The default costs of `model`, derived from Table 5 as the module docstring shows."""
+def paper_costs(model: str, d: float = D_DEFAULT) -> Costs:
+    """The default costs of `model`, derived from Table 5 (`bench.prices.paper_model_costs`) at SD3.5-L's
+    decode + reward price `d` (default: the midpoint of the bracket Table 5 leaves open)."""
     if model not in PAPER_ROLLOUT_S:
         raise PlanError(f"unknown model {model!r}: the paper's Table 5 covers {', '.join(MODELS)}; "
                         "pick one of them or pass measured costs with --costs FILE")
-    p, gpus = PAPER_SHAPE, PAPER_GPUS
-    explore = SD35_PHASES_S["explore"] * gpus / (p.prompts * p.candidates * p.explore_steps)
-    regen = SD35_PHASES_S["regen"] * gpus / (p.prompts * p.keep * p.regen_steps)
-    train = SD35_PHASES_S["train"] * gpus / (p.prompts * p.keep)
-    if model == "sd35_large":
-        return Costs(explore, regen, train)
-    sd35_step = PAPER_ROLLOUT_S["sd35_large"][0] * gpus / (p.prompts * p.candidates * p.regen_steps)
-    naive_s, rollout_s = PAPER_ROLLOUT_S[model]
-    step = naive_s * gpus / (p.prompts * p.candidates * p.regen_steps)
-    regen, train = regen / sd35_step * step, train / sd35_step * step
-    explore = (rollout_s * gpus - p.prompts * p.keep * p.regen_steps * regen) / (p.prompts * p.candidates
-                                                                                 * p.explore_steps)
-    return Costs(explore, regen, train)
+    return paper_model_costs(model, d)
 
 
 def load_costs(path: Path) -> Costs:
@@ -203,20 +215,32 @@ def read_preset(model: str) -> tuple[Shape, int, int, Mode, bool]:
     from cluster.config.loading import load_config
 
     config = load_config(CONFIGS / f"{model}.yaml")
+    explore = config.explore
     shape = Shape(prompts=config.prompts.per_iteration, candidates=config.prompts.candidates,
-                  keep=config.prompts.keep, explore_steps=config.explore.steps or config.sampler.steps,
-                  regen_steps=config.sampler.steps)
+                  keep=config.prompts.keep, explore_steps=explore.steps or config.sampler.steps,
+                  regen_steps=config.sampler.steps,
+                  halving=(explore.halving_steps, explore.halving_survivors) if explore.schedule == "halving" else None)
     c = config.cluster
     return shape, c.explorers.count, c.learner.count, c.mode, c.stream_regeneration and c.mode == "sync"
 
 
 # The formulas, on numbers.
 
+def explore_group_s(costs: Costs, shape: Shape) -> float:
+    """g: one prompt's exploration on one GPU, its sample-steps at c_x and its scored images at d."""
+    return shape.explore_sample_steps() * costs.explore_s_per_sample_step \
+        + shape.explore_scored() * costs.decode_reward_s_per_image
+
+
+def regen_slot_s(costs: Costs, shape: Shape) -> float:
+    """r: one prompt's regeneration on one learner, K images of S_r steps each, each decoded and scored."""
+    return shape.keep * (shape.regen_steps * costs.regen_s_per_sample_step + costs.decode_reward_s_per_image)
+
+
 def work(costs: Costs, shape: Shape) -> tuple[float, float, float]:
     """GPU-seconds per iteration: (W_x explore, W_r regenerate, W_t train)."""
     s = shape
-    return (s.prompts * s.candidates * s.explore_steps * costs.explore_s_per_sample_step,
-            s.prompts * s.keep * s.regen_steps * costs.regen_s_per_sample_step,
+    return (s.prompts * explore_group_s(costs, s), s.prompts * regen_slot_s(costs, s),
             s.prompts * s.keep * costs.train_s_per_sample)
 
 
@@ -266,7 +290,7 @@ def colocated_actors_s(costs: Costs, shape: Shape, gpus: int, efficiency: float 
     """The colocated layout as this project runs it: G explorers and G learner ranks sharing G GPUs, both
     taking whole prompt slots."""
     _, w_r, w_t = work(costs, shape)
-    group = shape.candidates * shape.explore_steps * costs.explore_s_per_sample_step
+    group = explore_group_s(costs, shape)
     return explore_wall(shape.prompts, group, gpus) + (w_r + w_t) / learner_speedup(shape.prompts, gpus, efficiency) \
         + costs.sync_s + costs.overhead_s
 
@@ -295,7 +319,7 @@ def split_s(costs: Costs, shape: Shape, explorers: int, learners: int, mode: Mod
     """Iteration seconds of E explorers + L learners (the formulas of the module docstring): both sides
     count whole slots, the busiest explorer's ceil(P/E) groups and the busiest learner rank's ceil(P/L)."""
     _, w_r, w_t = work(costs, shape)
-    group = shape.candidates * shape.explore_steps * costs.explore_s_per_sample_step
+    group = explore_group_s(costs, shape)
     u = learner_speedup(shape.prompts, learners, efficiency)
     x, train = explore_wall(shape.prompts, group, explorers), w_t / u
     if mode == "async":
@@ -303,8 +327,7 @@ def split_s(costs: Costs, shape: Shape, explorers: int, learners: int, mode: Mod
     if streamed:
         # One group on its rank. Exact at e = 1 for groups of equal cost forwarded at once; at e < 1 the
         # group's loss is spread evenly over its ranks (L/u(L) each), an approximation as in the other modes.
-        regen_group = shape.keep * shape.regen_steps * costs.regen_s_per_sample_step \
-            * rank_slowdown(learners, efficiency)
+        regen_group = regen_slot_s(costs, shape) * rank_slowdown(learners, efficiency)
         return streamed_regen_end(shape.prompts, explorers, learners, group, regen_group) + train + costs.sync_s \
             + costs.overhead_s
     return x + w_r / u + train + costs.sync_s + costs.overhead_s
@@ -411,6 +434,14 @@ def main(argv: list[str] | None = None) -> None:
     result["model"] = args.model
     result["costs_source"] = "file" if args.costs is not None else "paper Table 5"
     print(f"{args.model}, {args.gpus} GPUs, costs from {result['costs_source']}")
+    note = measured_note(costs) if args.costs is not None else (
+        f"prices (GPU-s): c_x {costs.explore_s_per_sample_step:.4g}/step, c_r {costs.regen_s_per_sample_step:.4g}"
+        f"/step, c_t {costs.train_s_per_sample:.4g}/sample, d {costs.decode_reward_s_per_image:.4g}/image "
+        "(decode + reward: the midpoint of the range Table 5 allows" + (", scaled from SD3.5-L's"
+                                                                         if args.model != "sd35_large" else "")
+        + ", bench.prices)")
+    if note:
+        print(note)
     print(format_table(result))
     if preset_explorers + preset_learners == args.gpus:
         preset = layout(costs, shape, preset_explorers, preset_learners, preset_mode, preset_streamed,

@@ -65,12 +65,19 @@ class ExploreConfig(BaseModel):
     solver: Solver | None = Field(None, description="None: the sampler's solver (the paper explores with the "
                                   "solver it regenerates with)")
     steps: int = Field(6, ge=1)
-    schedule: Literal["fixed", "halving"] = Field("fixed", description="fixed: every candidate takes every "
-                                                  "explore step (the paper); halving: successive halving, "
-                                                  "learner.rollouts.successive_halving (this project's)")
+    schedule: Literal["fixed", "halving", "spread"] = Field(
+        "fixed", description="fixed: every candidate takes every explore step (the paper); halving: successive "
+        "halving, learner.rollouts.successive_halving; spread: each prompt's pool size from the spread of its "
+        "first proxies, learner.rollouts.spread_explore (both this project's)")
     halving_steps: int = Field(2, ge=1, description="halving: the steps every candidate takes before the cut")
     halving_survivors: int = Field(48, ge=2, description="halving: candidates that finish (half best, half "
                                    "worst by the early proxy)")
+    spread_first: int = Field(48, ge=2, description="spread: the first candidates every prompt explores; how "
+                              "many more, from their proxies' std against the previous iteration's median std")
+    spread_rule: Literal["median", "proportional"] = Field(
+        "median", description="spread: median: all N where the first chunk's std reaches the previous "
+        "iteration's median, else the first chunk; proportional: (spread_first + N)/2 · std ÷ that median "
+        "candidates, within [spread_first, N]")
     batch_size: int | None = Field(None, ge=1, description="candidates sampled per forward (None: a slot's N at "
                                    "once); bounds an explorer's activation memory")
     min_dim: int | None = Field(None, ge=0, description="None takes the model family's minimum")

@@ -80,20 +80,23 @@ class Bookkeeping:
         every = self.config.run.checkpoint_every
         return self.run_dir is not None and (bool(every and done % every == 0) or done == self.config.run.iterations)
 
-    def checkpoint(self, done: int, version: int, learners: int) -> None:
-        """run_dir/checkpoint after `done` iterations; `learners`: L (a resume with another L is another run)."""
+    def checkpoint(self, done: int, version: int, learners: int, spread_reference: float | None = None) -> None:
+        """run_dir/checkpoint after `done` iterations; `learners`: L (a resume with another L is another run);
+        `spread_reference`: the spread schedule's reference for iteration `done` (JSON keeps a float exactly)."""
         folder = save_checkpoint(self.run_dir / CHECKPOINT_DIR, self.state, iteration=done,
-                                 extra={"version": version, "learners": learners})
+                                 extra={"version": version, "learners": learners,
+                                        "spread_reference": spread_reference})
         keep = self.config.run.keep_every
         if keep and done % keep == 0:  # a multiple of checkpoint_every (a rule): this save is the one to keep
             keep_checkpoint(folder, self.run_dir)
 
-    def resume(self, checkpoint: str | Path | None = None) -> tuple[int, int]:
+    def resume(self, checkpoint: str | Path | None = None) -> tuple[int, int, float | None]:
         """Restore run_dir/checkpoint (or the folder given) into the training state: bitwise the same
-        continuation as not stopping (on CPU), once the caller publishes. (iteration, policy version)."""
+        continuation as not stopping (on CPU), once the caller publishes. (iteration, policy version, the
+        spread schedule's reference for that iteration: None when the checkpoint has none.)"""
         folder = Path(checkpoint) if checkpoint is not None else self.run_dir / CHECKPOINT_DIR
         info = load_checkpoint(folder, self.state)
-        return info["iteration"], info["extra"]["version"]
+        return info["iteration"], info["extra"]["version"], info["extra"].get("spread_reference")
 
     # ---- the final weights -----------------------------------------------------------------------
     def save_final(self, folder: Path, iteration: int, version: int) -> dict[str, str]:

@@ -375,6 +375,28 @@ def _halving_needs_best_worst_sol_rl(config: TrainerConfig) -> Problem | None:
 
 
 @TRAINER_RULES.rule
+def _spread_first_chunk_covers_the_kept(config: TrainerConfig) -> Problem | None:
+    p, explore = config.prompts, config.explore
+    if explore.schedule == "spread" and not p.keep <= explore.spread_first < p.candidates:
+        return ("explore.spread_first", "prompts.keep", "prompts.candidates"), (
+            f"explore.spread_first ({explore.spread_first}) must be >= prompts.keep ({p.keep}) and < "
+            f"prompts.candidates ({p.candidates}): the first chunk is the smallest pool selection picks from, "
+            "and the rest is what a wide prompt adds; set explore.spread_first in that range")
+    return None
+
+
+@TRAINER_RULES.rule
+def _spread_needs_sol_rl(config: TrainerConfig) -> Problem | None:
+    algorithm = config.learner.algorithm
+    if config.explore.schedule == "spread" and algorithm != "sol_rl":
+        return ("explore.schedule", "learner.algorithm"), (
+            f"explore.schedule (spread) needs learner.algorithm = sol_rl (given {algorithm}): only Sol-RL ranks "
+            "a low-precision pool and regenerates what it keeps; set learner.algorithm=sol_rl or "
+            "explore.schedule=fixed")
+    return None
+
+
+@TRAINER_RULES.rule
 def _pairwise_keeps_two(config: TrainerConfig) -> Problem | None:
     keep = config.prompts.keep
     if config.learner.art.pairwise and keep != 2:

@@ -22,14 +22,17 @@ from learner.experiment_log import GridSamples
 
 @dataclass
 class Work:
-    """Work an iteration counts; `bench.convergence` prices each at the paper's Table 5 rates: sample-steps
-    of the kept samples in full precision, of a pool in full or low precision, and training's per-sample
-    model passes (`learner.updates.UpdateContext.passes`)."""
+    """Work an iteration counts; `bench.convergence` prices each at the paper's Table 5 rates (`bench.prices`):
+    sample-steps of the kept samples in full precision, of a pool in full or low precision, training's
+    per-sample model passes (`learner.updates.UpdateContext.passes`), and the images decoded and scored by
+    the reward in any pass (pools, successive halving's cut and its survivors, regeneration, K-in-K
+    rollouts; not held-out evaluation), each once however many steps made it."""
 
     fp_sample_steps: int = 0
     fp_pool_sample_steps: int = 0
     lp_sample_steps: int = 0
     train_passes: int = 0
+    scored_images: int = 0
 
     def __add__(self, other: Work) -> Work:
         return Work(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Work)))
@@ -93,7 +96,7 @@ class IterationRecord:
     """One iteration as the driver saw it; `row()` flattens it into the metrics.jsonl line."""
 
     train: TrainResult
-    work: Work  # the learner group's (every rank's work summed)
+    work: Work  # the learner group's (every rank's work summed) and the explorers' (their ranked groups')
     published: Published
     finished: Finished
     skipped_updates: int  # the run's so far, this one included

@@ -11,8 +11,9 @@ reward) pairs; images never leave it.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,9 +39,12 @@ class Sampling:
     batch_size: int | None = None  # samples per forward; None: all at once (results do not depend on it)
     noise_level: float = 0.7  # the flow_sde solver's a
     halving: tuple[int, int] | None = None  # a pool's (first steps, survivors): `successive_halving`; None: one pass
+    spread: int | None = None  # a pool's first chunk, explored always: `spread_explore`; None: one pass
+    spread_rule: str = "median"  # how the rest of a spread pool is decided (`spread_pool_size`)
 
     def pool_steps(self, candidates: int) -> int:
-        """Sample-steps of a pool of `candidates` (the explore cost `bench.convergence` prices)."""
+        """Sample-steps of a pool of `candidates` (the explore cost `bench.convergence` prices); with a
+        spread schedule `candidates` is the pool a slot took (`spread_explore`: its first chunk, or all N)."""
         if self.halving is None:
             return candidates * self.steps
         first, survivors = self.halving
@@ -58,8 +62,9 @@ def exploration_sampling(config: TrainerConfig) -> Sampling:
     """The explorers' ranking pass: the explore steps and solver (`TrainerConfig.explore_solver`)."""
     explore = config.explore
     halving = (explore.halving_steps, explore.halving_survivors) if explore.schedule == "halving" else None
+    spread = explore.spread_first if explore.schedule == "spread" else None
     return Sampling(explore.steps, config.explore_solver, config.sampler.cfg_scale, explore.batch_size,
-                    config.sampler.sde_noise_level, halving)
+                    config.sampler.sde_noise_level, halving, spread, explore.spread_rule)
 
 
 def evaluation_sampling(config: TrainerConfig) -> Sampling:
@@ -80,9 +85,11 @@ class RankedGroup:
     policy_version: int
     seconds: float = 0.0  # sampling, decoding and scoring
     sample_s: float = 0.0  # of which denoising (the engine's forwards)
-    sample_steps: int = 0  # sample-steps those took (N · explore steps; fewer with successive halving)
+    sample_steps: int = 0  # sample-steps those took (N · explore steps; fewer with halving or a spread pool)
+    scored: int = 0  # images decoded and scored by the reward (N; N + M with successive halving)
     syncs: int = 0  # snapshots its explorer loaded since its previous group (the driver counts the job's)
     sync_s: float = 0.0  # seconds those took (fetch and load)
+    first_spread: float | None = None  # spread schedule: std of the first chunk's proxies (`spread_reference`)
 
     @property
     def step_s(self) -> float | None:
@@ -123,6 +130,7 @@ class Group:
     samples: Generated  # the K training samples (x0, true rewards, visited states when asked)
     proxy: torch.Tensor | None  # proxy rewards of those K seeds, when a cheaper pass ranked them
     work: Work = field(default_factory=Work)  # the sample-steps spent making it (its pool's, when ranked here)
+    first_spread: float | None = None  # its ranked group's (spread schedule): the next iteration's reference
 
 
 @torch.no_grad()
@@ -184,7 +192,8 @@ def successive_halving(policy: FlowPolicy, engine: nn.Module | None, reward: Rew
     runs the first `f` steps of the explore grid and is scored on its data prediction x̂0 there; the middle
     of that ranking is dropped, and only the M survivors (the M/2 best and M/2 worst: the ones best_worst
     selection can pick) finish the grid and get their final proxy. Cost N·f + M·(S − f) sample-steps
-    instead of N·S. Returns the survivors' seeds (in pool order), final proxies and denoising seconds."""
+    instead of N·S, and N + M images decoded and scored (every seed at the cut, the survivors again at the
+    end) instead of N. Returns the survivors' seeds (in pool order), final proxies and denoising seconds."""
     first, survivors = sampling.halving
     prompts, seeds = [prompt] * len(seeds), list(seeds)
     meta = None if metadata is None else [metadata] * len(seeds)
@@ -205,6 +214,68 @@ def successive_halving(policy: FlowPolicy, engine: nn.Module | None, reward: Rew
     return [seeds[i] for i in rows], final, sample_s
 
 
+def first_chunk_spread(proxy: torch.Tensor) -> float:
+    """The spread of a prompt's first chunk of proxy rewards: their std (unbiased; NaN when one is NaN)."""
+    return float(proxy.double().std())
+
+
+def spread_pool_size(spread: float, reference: float | None, first: int, candidates: int,
+                     rule: str = "median") -> int:
+    """How many candidates a slot explores under the spread schedule; all `candidates` when there is no
+    reference (iteration 0, or a checkpoint without one). Rule "median": all when its first chunk's
+    `spread` reaches `reference`, else only the `first`. Rule "proportional": (first + candidates)/2 ·
+    spread ÷ reference, rounded, within [first, candidates] — the allocation that equalizes the marginal
+    gain σ·g'(n) when the best/worst gap g(n) of a pool grows like log n, so a prompt at the median takes
+    the mean pool and similar spreads give similar pools. A NaN spread (a broken reward) keeps the first
+    chunk."""
+    if reference is None:
+        return candidates
+    if rule == "median":
+        return candidates if spread >= reference else first
+    if rule != "proportional":
+        raise ValueError(f"unknown spread rule {rule!r}: median or proportional")
+    if math.isnan(spread):
+        return first
+    if reference <= 0 or math.isinf(spread):  # a reference of 0: the previous chunks' rewards were all equal
+        return candidates
+    return min(candidates, max(first, round((first + candidates) / 2 * spread / reference)))
+
+
+def spread_reference(spreads: Iterable[float | None]) -> float | None:
+    """The next iteration's reference: the median of the first-chunk spreads of an iteration's slots (every
+    slot's `first_spread`, whatever its pool; non-finite ones left out); None when none has one. A pure
+    function of the iteration's groups, so the driver, every learner rank and a resumed run agree on it."""
+    spreads = sorted(s for s in spreads if s is not None and math.isfinite(s))
+    if not spreads:
+        return None
+    middle = len(spreads) // 2
+    return spreads[middle] if len(spreads) % 2 else (spreads[middle - 1] + spreads[middle]) / 2
+
+
+def spread_explore(policy: FlowPolicy, engine: nn.Module | None, reward: Reward, prompt: str, seeds: Sequence[int],
+                   sampling: Sampling, reference: float | None,
+                   metadata: Metadata | None = None) -> tuple[list[int], torch.Tensor, float, float, float]:
+    """Adaptive exploration by spread (this project's, not the paper's; docs/benchmarks.md measures it): the
+    first `sampling.spread` seeds are explored and scored; the slot explores more of its N by the std of
+    those proxies against `reference` (the previous iteration's median over slots, `spread_reference`), by
+    `sampling.spread_rule` (`spread_pool_size`: all or nothing at the median, or in proportion).
+    Best/worst selection gains from a bigger pool in proportion to the prompt's reward spread σ (the kept
+    extremes move by ≈ σ·(E[top-K/2 mean of N] − E[of F])), at a fixed cost per seed: the seeds go where σ is
+    large. Every seed takes every explore step and is scored once, and the pool is a prefix of the candidate
+    list, so its seeds stay derived from (run seed, iteration, slot, index). The first chunk is always sampled
+    and scored alone, so its proxies do not depend on the decision. Returns the pool's seeds, their proxies,
+    the first chunk's spread, and the seconds spent (all, and of them denoising)."""
+    first, seeds = sampling.spread, list(seeds)
+    head = generate(policy, engine, reward, prompt, seeds[:first], sampling, metadata=metadata)
+    spread = first_chunk_spread(head.rewards)
+    size = spread_pool_size(spread, reference, first, len(seeds), sampling.spread_rule)
+    proxy, seconds, sample_s = head.rewards, head.seconds, head.sample_s
+    if size > first:
+        tail = generate(policy, engine, reward, prompt, seeds[first:size], sampling, metadata=metadata)
+        proxy, seconds, sample_s = torch.cat([proxy, tail.rewards]), seconds + tail.seconds, sample_s + tail.sample_s
+    return seeds[:size], proxy, spread, seconds, sample_s
+
+
 def explore_group(
     policy: FlowPolicy,
     engine: nn.Module | None,
@@ -217,14 +288,21 @@ def explore_group(
     sampling: Sampling,
     policy_version: int,
     metadata: Metadata | None = None,
+    spread_reference: float | None = None,
 ) -> RankedGroup:
     """Sample every seed with the explore engine, score it, keep (seed, proxy reward); with a halving
-    schedule only the survivors are kept (`successive_halving`)."""
+    schedule only the survivors are kept (`successive_halving`); with a spread schedule the pool is the
+    first chunk or all of `seeds`, by `spread_reference` (`spread_explore`)."""
+    if sampling.spread is not None:
+        kept, proxy, spread, seconds, sample_s = spread_explore(policy, engine, reward, prompt, seeds, sampling,
+                                                                spread_reference, metadata)
+        return RankedGroup(iteration, slot, prompt, kept, proxy, policy_version, seconds, sample_s,
+                           sampling.pool_steps(len(kept)), scored=len(kept), first_spread=spread)
     if sampling.halving is not None:
         start = time.perf_counter()
         kept, proxy, sample_s = successive_halving(policy, engine, reward, prompt, seeds, sampling, metadata)
         return RankedGroup(iteration, slot, prompt, kept, proxy, policy_version, time.perf_counter() - start,
-                           sample_s, sampling.pool_steps(len(seeds)))
+                           sample_s, sampling.pool_steps(len(seeds)), scored=len(seeds) + len(kept))
     out = generate(policy, engine, reward, prompt, seeds, sampling, metadata=metadata)
     return RankedGroup(iteration, slot, prompt, list(seeds), out.rewards, policy_version, out.seconds, out.sample_s,
-                       sampling.pool_steps(len(seeds)))
+                       sampling.pool_steps(len(seeds)), scored=len(seeds))

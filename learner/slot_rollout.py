@@ -86,12 +86,14 @@ class SlotRollout:
     def _metadata(self, prompt: str):
         return self.prompt_set.metadata_of(prompt)
 
-    def ranked(self, iteration: int, slot: int, prompt: str, version: int) -> RankedGroup:
-        """What an explorer actor returns for one slot, computed with the local engine."""
+    def ranked(self, iteration: int, slot: int, prompt: str, version: int,
+               spread_reference: float | None = None) -> RankedGroup:
+        """What an explorer actor returns for one slot, computed with the local engine; `spread_reference`:
+        the spread schedule's reference for `iteration` (`learner.rollouts.spread_reference`)."""
         seeds = candidate_seeds(self.seed, iteration, slot, self.config.prompts.candidates)
         group = explore_group(self.policy, self._engine(version), self.reward, iteration=iteration, slot=slot,
                               prompt=prompt, seeds=seeds, sampling=self.explore_sampling, policy_version=version,
-                              metadata=self._metadata(prompt)[0])
+                              metadata=self._metadata(prompt)[0], spread_reference=spread_reference)
         self._count("explore", group.sample_s, group.sample_steps)
         return group
 
@@ -116,29 +118,32 @@ class SlotRollout:
         if low:
             pool = generate(self.policy, self._engine(version), self.reward, prompt, seeds, sampling,
                             return_states=self.needs_states, metadata=self._metadata(prompt))
-            return pool, Work(lp_sample_steps=steps)
+            return pool, Work(lp_sample_steps=steps, scored_images=len(seeds))
         with self.state.use("old") as model:
             pool = generate(self.policy, model, self.reward, prompt, seeds, sampling, return_states=self.needs_states,
                             metadata=self._metadata(prompt))
-        return pool, Work(fp_pool_sample_steps=steps)
+        return pool, Work(fp_pool_sample_steps=steps, scored_images=len(seeds))
 
-    def rollout(self, iteration: int, slot: int, prompt: str, version: int, ranked: RankedGroup | None = None) -> Group:
+    def rollout(self, iteration: int, slot: int, prompt: str, version: int, ranked: RankedGroup | None = None,
+                spread_reference: float | None = None) -> Group:
         """One slot's K training samples by the algorithm's record; `ranked`: its pool, ranked by an explorer
-        (None: ranked here, when the algorithm has a pool)."""
+        (None: ranked here, when the algorithm has a pool, with `spread_reference` under a spread schedule)."""
         keep = self.config.prompts.keep
         if self.algorithm.explore is None:  # DiffusionNFT: K seeds, no pool
             seeds = candidate_seeds(self.seed, iteration, slot, keep)
             return Group(prompt, self.regenerate(prompt, seeds), None,
-                         Work(fp_sample_steps=keep * self.regen_sampling.steps))
+                         Work(fp_sample_steps=keep * self.regen_sampling.steps, scored_images=keep))
         if self.algorithm.regenerate:  # Sol-RL: only (seed, proxy reward) pairs are needed from the pool
             work = Work()
             if ranked is None:
-                ranked = self.ranked(iteration, slot, prompt, version)
-                work.lp_sample_steps = self.explore_sampling.pool_steps(self.config.prompts.candidates)
+                ranked = self.ranked(iteration, slot, prompt, version, spread_reference)
+                work.lp_sample_steps = ranked.sample_steps  # the pool it took (halving, spread: not N · steps)
+                work.scored_images = ranked.scored  # an explorer's scoring is counted by the driver
             chosen = self.select(ranked)
             work.fp_sample_steps = len(chosen) * self.regen_sampling.steps
+            work.scored_images += len(chosen)
             return Group(prompt, self.regenerate(prompt, [ranked.seeds[i] for i in chosen]), ranked.proxy[chosen],
-                         work)
+                         work, ranked.first_spread)
         pool, work = self._pool(iteration, slot, prompt, version)
         chosen = self.select(RankedGroup(iteration, slot, prompt, pool.seeds, pool.rewards, version))
         return Group(prompt, pool.take(chosen), None, work)
@@ -153,15 +158,16 @@ class SlotRollout:
         return seconds
 
     def collect(self, iteration: int, slots: list[tuple[int, str]], groups: list[RankedGroup] | None,
-                version: int) -> tuple[list[Group], list[int], float]:
+                version: int, spread_reference: float | None = None) -> tuple[list[Group], list[int], float]:
         """The rollouts of `slots` (slot, prompt): streamed ones where they were made from exactly these
-        groups, the others now. Also the slots used from the stream, in arrival order, and its seconds."""
+        groups, the others now (ranked here with `spread_reference` when there are no groups). Also the slots
+        used from the stream, in arrival order, and its seconds."""
         by_slot = {g.slot: g for g in groups or []}
         streamed = {slot: rollout for slot, (group, rollout) in self._streamed.items()
                     if slot in by_slot and made_from(group, by_slot[slot])}
         used, seconds = list(streamed), self._streamed_s  # dicts keep arrival order
         self._streamed, self._streamed_s = {}, 0.0
         rollouts = [streamed[slot] if slot in streamed else self.rollout(iteration, slot, prompt, version,
-                                                                          by_slot.get(slot))
+                                                                          by_slot.get(slot), spread_reference)
                     for slot, prompt in slots]
         return rollouts, used, seconds

@@ -33,7 +33,7 @@ from learner.config import TrainerConfig
 from learner.data_parallel import ALONE, Shard
 from learner.fidelity import rank_fidelity
 from learner.iteration_record import Finished, IterationRecord, Published, TrainResult, Work
-from learner.rollouts import Generated, Group, RankedGroup
+from learner.rollouts import Generated, Group, RankedGroup, spread_reference
 from learner.run_log import RunLog, progress_line, read_base_evaluation
 from learner.slot_rollout import SlotRollout
 from learner.training_state import TrainingState
@@ -86,6 +86,9 @@ class Trainer:
         self.updater = Updater(config, self.policy, self.state, shard)
         self.books = Bookkeeping(config, self.policy, self.state, self.reward, self.run_dir)
         self.iteration = 0
+        # The spread schedule's reference for `self.iteration` (`learner.rollouts.spread_reference` of the
+        # iteration before; None: every slot explores all N). Checkpointed, so a resume continues with it.
+        self.spread_reference: float | None = None
         self.log: RunLog | None = None  # opened by `run` / `evaluate_base`, at the iteration they start from
 
     @property
@@ -108,7 +111,7 @@ class Trainer:
         return iteration_prompts(self.prompt_set.texts, self.seed, iteration, self.config.prompts.per_iteration)
 
     def rollout(self, iteration: int, slot: int, prompt: str, ranked: RankedGroup | None = None) -> Group:
-        return self.rollouts.rollout(iteration, slot, prompt, self.version, ranked)
+        return self.rollouts.rollout(iteration, slot, prompt, self.version, ranked, self.spread_reference)
 
     def stream(self, iteration: int, group: RankedGroup) -> float:
         """Roll out one ranked group as it arrives (`SlotRollout.stream`); seconds."""
@@ -124,8 +127,11 @@ class Trainer:
         start, sampled_with = time.perf_counter(), self.version
         slots = [(slot, p) for slot, p in enumerate(self.prompts_for(iteration))
                  if self.shard.owns(slot, self.config.prompts.per_iteration)]
-        mine, streamed, streamed_s = self.rollouts.collect(iteration, slots, groups, self.version)
+        mine, streamed, streamed_s = self.rollouts.collect(iteration, slots, groups, self.version,
+                                                           self.spread_reference)
         rollout_s = time.perf_counter() - start
+        if self.config.explore.schedule == "spread":
+            self.spread_reference = self._next_spread_reference(groups, mine)
         batch = self._whole_batch([slot for slot, _ in slots], mine)
         t0 = time.perf_counter()
         update = self.updater.step(iteration, batch, mine, [slot for slot, _ in slots])
@@ -138,6 +144,14 @@ class Trainer:
             proxy_reward_mean=None if not groups else float(torch.cat([g.proxy for g in groups]).mean()),
             streamed_slots=None if groups is None else streamed, streamed_rollout_s=streamed_s,
             step_s=self.rollouts.step_times())
+
+    def _next_spread_reference(self, groups: list[RankedGroup] | None, mine: list[Group]) -> float | None:
+        """The spread schedule's reference for the next iteration, from every slot of this one: the
+        explorers' groups (every rank is given all of them), or the pools ranked here, gathered over the
+        learner group."""
+        if groups is not None:
+            return spread_reference(g.first_spread for g in groups)
+        return spread_reference(s for part in self.shard.gather([g.first_spread for g in mine]) for s in part)
 
     def _whole_batch(self, slots: list[int], mine: list[Group]) -> list[Group]:
         """Every slot's scores in slot order: this rank's groups, with the other ranks' scores gathered
@@ -175,7 +189,7 @@ class Trainer:
     def checkpoint(self) -> None:
         """After the iteration's record is written (so a resumed run never lacks a line): when due."""
         if self.shard.main and self.books.checkpoint_due(self.iteration):
-            self.books.checkpoint(self.iteration, self.version, self.shard.world)
+            self.books.checkpoint(self.iteration, self.version, self.shard.world, self.spread_reference)
 
     # ---- the single-process loop -----------------------------------------------------------------
     def open_log(self) -> RunLog:
@@ -238,7 +252,7 @@ class Trainer:
     def resume(self, checkpoint: str | Path | None = None) -> None:
         """Continue from run_dir/checkpoint (or the folder given): bitwise the same continuation as not
         stopping (on CPU), once the caller publishes; the run's log is cut to the checkpoint when opened."""
-        self.iteration, self.version = self.books.resume(checkpoint)
+        self.iteration, self.version, self.spread_reference = self.books.resume(checkpoint)
 
     def save_final(self, folder: Path) -> dict[str, str]:
         return self.books.save_final(folder, self.iteration, self.version)

@@ -46,7 +46,7 @@ from diffusion.prompts import load_prompts
 from learner.algorithms import ALGORITHMS
 from learner.data_parallel import owner_of
 from learner.iteration_record import IterationRecord, Work
-from learner.rollouts import RankedGroup, exploration_sampling
+from learner.rollouts import RankedGroup, exploration_sampling, spread_reference
 from learner.run_log import RunLog, progress_line
 from weight_sync.service import start_services, stop_services
 
@@ -257,6 +257,10 @@ class Loop:
         self.target = ControlTarget(run_dir, c.explorers.count, c.explorers.limit, log)
         self.log = log
         self.version = status["version"]
+        # The spread schedule's reference for the next iteration submitted: the (resumed) learner's at the
+        # start, then the median over each explored iteration's groups (what the learner checkpoints).
+        self.spread = config.explore.schedule == "spread"
+        self.spread_reference: float | None = status.get("spread_reference")
         self.prefetched: Batch | None = None
         self.progress = Progress("iteration", config.run.iterations, done=status["iteration"])
 
@@ -274,12 +278,14 @@ class Loop:
         can grow back onto them."""
         _serve_every_node(self.job, self.log)
         self.pool.resize(self.target.read(), lambda: _missing_room(self.config))
-        return self.pool.submit(iteration, self.slots(iteration), self.version)
+        return self.pool.submit(iteration, self.slots(iteration), self.version, self.spread_reference)
 
     def iteration(self, iteration: int, skipped_so_far: int) -> IterationRecord:
         tick = time.perf_counter()
         ray.get(self.job.learner.ensure_published.remote())  # a restarted sync service gets the newest again
-        groups, explored = self.explore(iteration)
+        groups, explored, explorers_work = self.explore(iteration)
+        if self.spread:  # before iteration + 1 is submitted (in async mode: now)
+            self.spread_reference = spread_reference(g.first_spread for g in groups)
         if self.asynchronous and iteration + 1 < self.config.run.iterations:  # explorers run ahead meanwhile
             self.prefetched = self.submit(iteration + 1)
         explored.update(self.pool.report())
@@ -288,12 +294,13 @@ class Loop:
         finished = on_learners(self.job.learners, "finish_iteration")[0]
         result = results[0]
         self.version = result.version
-        return IterationRecord(result, sum((r.work for r in results), Work()), published, finished,
+        return IterationRecord(result, sum((r.work for r in results), explorers_work), published, finished,
                                skipped_so_far + result.skipped, explored, time.perf_counter() - tick)
 
-    def explore(self, iteration: int) -> tuple[list[RankedGroup], dict[str, Any]]:
+    def explore(self, iteration: int) -> tuple[list[RankedGroup], dict[str, Any], Work]:
         """Every slot's ranked group, each streamed to its learner rank as it arrives; stale groups are
-        explored again with the current version. The explorers' numbers of the iteration."""
+        explored again with the current version. The explorers' numbers of the iteration, and their counted
+        work (`explorer_work`)."""
         tick, stats, streamed = time.perf_counter(), {}, {}  # streamed: regenerate ref → its rank
 
         def stream(group: RankedGroup) -> None:
@@ -308,7 +315,7 @@ class Loop:
         if stale:
             stats["dropped_groups"] = len(stale)
             slots = self.slots(iteration)
-            again = self.pool.submit(iteration, [slots[s] for s in stale], self.version)
+            again = self.pool.submit(iteration, [slots[s] for s in stale], self.version, self.spread_reference)
             fresh = {g.slot: g for g in self.pool.collect(again, stats, on_group=stream)}
             arrived += fresh.values()
             groups = [fresh.get(g.slot, g) for g in groups]
@@ -321,7 +328,7 @@ class Loop:
         if steps:  # the explorers' engines: seconds per denoising step of one candidate
             stats["explore_step_s"] = sum(g.sample_s for g in groups) / steps
         wait_learners(self.job.learners, streamed, "regenerate")  # a streamed regeneration's error surfaces here
-        return groups, stats
+        return groups, stats, explorer_work(arrived)
 
 
 def explored_totals(groups: list[RankedGroup]) -> dict[str, Any]:
@@ -332,6 +339,13 @@ def explored_totals(groups: list[RankedGroup]) -> dict[str, Any]:
     return {"explored_candidates": sum(len(g.seeds) for g in groups),
             "explore_busy_s": sum(g.seconds for g in groups),  # all explorers' sampling seconds
             "explorer_syncs": sum(g.syncs for g in groups), "explorer_sync_s": sum(g.sync_s for g in groups)}
+
+
+def explorer_work(groups: list[RankedGroup]) -> Work:
+    """The explorers' counted work for `groups` (every group explored, stale ones dropped and explored again
+    included): their low-precision sample-steps and the images they decoded and scored, counted here as a
+    learner counts a pool it ranks itself (`learner.slot_rollout.SlotRollout.rollout`)."""
+    return Work(lp_sample_steps=sum(g.sample_steps for g in groups), scored_images=sum(g.scored for g in groups))
 
 
 def stop(job: Job) -> None:

@@ -1,6 +1,7 @@
 """The job's explorers, one owner: who explores which slot, lost slots sent again, crash loops, resizing.
 
-    submit(iteration, slots, version)   one explore task per (slot, prompt), round robin
+    submit(iteration, slots, version)   one explore task per (slot, prompt), round robin (with the spread
+                                        schedule's reference of the iteration, when it has one)
     collect(batch, stats, on_group)     every slot's ranked group; `on_group` as each arrives
     resize(target)                      toward `target` explorers, only while no slot is in flight
     report()                            the pool's size, and what it counted since the last report
@@ -62,11 +63,13 @@ class Task:
 
 @dataclass
 class Batch:
-    """Explore tasks in flight for one iteration, all pinned to the policy `version`."""
+    """Explore tasks in flight for one iteration, all pinned to the policy `version` (and, under the spread
+    schedule, to the iteration's `spread_reference`: a re-sent slot gets the same pool)."""
 
     iteration: int
     version: int
     pending: dict[Any, Task] = field(default_factory=dict)  # ref → task
+    spread_reference: float | None = None
 
 
 @dataclass
@@ -120,11 +123,14 @@ class ExplorerPool:
     def _send(self, batch: Batch, task: Task) -> None:
         self.seq += 1
         task.seq = self.seq
+        # only a spread schedule's batches past its first iteration carry a reference
+        extra = {} if batch.spread_reference is None else {"spread_reference": batch.spread_reference}
         batch.pending[self.actors[task.explorer].explore.remote(batch.iteration, task.slot, task.prompt,
-                                                                 batch.version)] = task
+                                                                 batch.version, **extra)] = task
 
-    def submit(self, iteration: int, slots: list[tuple[int, str]], version: int) -> Batch:
-        batch = Batch(iteration, version)
+    def submit(self, iteration: int, slots: list[tuple[int, str]], version: int,
+               spread_reference: float | None = None) -> Batch:
+        batch = Batch(iteration, version, spread_reference=spread_reference)
         for slot, prompt in slots:
             self._send(batch, Task(slot, prompt, slot % len(self.actors), 0))
         return batch

@@ -7,8 +7,19 @@ import math
 
 import pytest
 
-from bench.convergence import PRICES, add_modeled_cost, first_reach, main, merge, speedup_profile, speedups
+from bench.convergence import (
+    PRICES,
+    PRICES_HIGH_D,
+    PRICES_LOW_D,
+    add_modeled_cost,
+    first_reach,
+    main,
+    merge,
+    speedup_profile,
+    speedups,
+)
 from bench.plan import paper_costs
+from bench.prices import D_DEFAULT, D_HIGH, Costs, counter_prices
 
 
 def curve(rewards: list[float], every: int = 4, cost: float = 1.0) -> list[dict]:
@@ -40,16 +51,22 @@ def test_first_reach_uses_the_first_crossing_not_the_last() -> None:
 def test_modeled_time_prices_counted_work_at_the_papers_table_5_rates() -> None:
     sd35 = paper_costs("sd35_large")
     # One Sol-RL iteration of the paper (48 prompts, 96 × 6 NVFP4 steps, 24 × 10 regenerated, 24 × 6
-    # trained timesteps × 5 passes) costs Table 5's 125 + 62 + 240 s on 8 GPUs.
+    # trained timesteps × 5 passes, 96 + 24 images decoded and scored per prompt) costs Table 5's
+    # 125 + 62 + 240 s on 8 GPUs, at every decode + reward price d of the bracket.
     paper = {"iteration": 1, "fp_sample_steps": 48 * 24 * 10, "fp_pool_sample_steps": 0,
-             "lp_sample_steps": 48 * 96 * 6, "train_passes": 48 * 24 * 6 * 5, "eval_reward": 0.0}
-    naive = {**paper, "fp_sample_steps": 0, "fp_pool_sample_steps": 48 * 96 * 10, "lp_sample_steps": 0}
-    runs = {"sol_rl": {0: [paper]}, "naive_scaling": {0: [naive]}}
-    add_modeled_cost(runs)
-    assert paper["modeled_s"] == pytest.approx((125 + 62 + 240) * 8)
-    assert naive["modeled_s"] == pytest.approx((451 + 240) * 8)  # Table 5's naive 691 s
-    assert PRICES["lp_sample_steps"] / PRICES["fp_pool_sample_steps"] == pytest.approx(0.462, abs=1e-3)
+             "lp_sample_steps": 48 * 96 * 6, "train_passes": 48 * 24 * 6 * 5, "scored_images": 48 * 120,
+             "eval_reward": 0.0}
+    naive = {**paper, "fp_sample_steps": 0, "fp_pool_sample_steps": 48 * 96 * 10, "lp_sample_steps": 0,
+             "scored_images": 48 * 96}
+    for prices in (PRICES, PRICES_LOW_D, PRICES_HIGH_D):
+        runs = {"sol_rl": {0: [paper]}, "naive_scaling": {0: [naive]}}
+        add_modeled_cost(runs, prices=prices)
+        assert paper["modeled_s"] == pytest.approx((125 + 62 + 240) * 8)
+        assert naive["modeled_s"] == pytest.approx((451 + 240) * 8)  # Table 5's naive 691 s
+    assert PRICES_LOW_D["lp_sample_steps"] / PRICES_LOW_D["fp_pool_sample_steps"] == pytest.approx(0.462, abs=1e-3)
+    assert PRICES["lp_sample_steps"] / PRICES["fp_pool_sample_steps"] == pytest.approx(0.365, abs=1e-3)
     assert PRICES["fp_sample_steps"] == sd35.regen_s_per_sample_step
+    assert (PRICES["scored_images"], PRICES_HIGH_D["scored_images"]) == (D_DEFAULT, D_HIGH)
 
 
 def test_modeled_time_does_not_depend_on_the_machine() -> None:
@@ -110,5 +127,59 @@ def test_every_named_run_is_a_valid_config_that_sets_what_its_name_says() -> Non
     assert [configs[f"sol_rl_pool{n}"].prompts.candidates for n in (24, 48, 72)] == [24, 48, 72]
     assert configs["sol_rl"].prompts.candidates == 96 and configs["sol_rl"].explore.steps == 6
     assert (configs["sol_rl_halving"].explore.halving_steps, configs["sol_rl_halving3"].explore.halving_steps) == (2, 3)
-    assert configs["flow_grpo"].learner.objective == "flow_grpo" and configs["sol_rl_art"].learner.objective == "art"
+    assert (configs["sol_rl_spread"].explore.schedule, configs["sol_rl_spread"].explore.spread_first) == ("spread", 48)
+    grpo = configs["flow_grpo"]
+    assert grpo.learner.objective == "flow_grpo" and int(grpo.learner.timestep_fraction * grpo.sampler.steps) == 9
+    assert (grpo.learner.grpo.optimizer_steps, grpo.learner.grpo.timesteps, grpo.training.ema_every) == (2, "first", 8)
+    for reading in ("away_from_target", "trust_region"):
+        art = configs[f"sol_rl_art_{reading}"].learner
+        assert (art.objective, art.art.trust_mask, art.decay.type) == ("art", reading, 0)
+    assert [configs[f"{name}_long"].learner.algorithm for name in ("diffusionnft", "sol_rl")] == ["diffusionnft",
+                                                                                                 "sol_rl"]
     assert configs["sol_rl_shuffled"].learner.shuffle_rewards and not configs["sol_rl"].learner.shuffle_rewards
+
+
+def test_old_run_files_get_the_scored_images_their_counter_would_have_given() -> None:
+    """Points recorded before scored_images was counted: every image has one decode + reward, so it follows
+    from the step counters and the named run's settings (per prompt: K-in-K 24 at 10 steps; Sol-RL's 96 at
+    6 FP4 steps + 24; halving from 2 and 3 steps 96·f + 48·(6 − f) steps for 96 + 48, + 24)."""
+    per_prompt = {"diffusionnft": (240, 0, 0, 24), "flow_grpo": (240, 0, 0, 24), "naive_scaling": (0, 960, 0, 96),
+                  "naive_quant": (0, 0, 960, 96), "sol_rl": (240, 0, 576, 120), "sol_rl_explore2": (240, 0, 192, 120),
+                  "sol_rl_pool48": (240, 0, 288, 72), "sol_rl_halving": (240, 0, 384, 168),
+                  "sol_rl_halving3": (240, 0, 432, 168)}
+    runs = {name: {0: [{"iteration": 3, "fp_sample_steps": 3 * 8 * fp, "fp_pool_sample_steps": 3 * 8 * pool,
+                        "lp_sample_steps": 3 * 8 * lp, "train_passes": 0, "eval_reward": 0.0}]}
+            for name, (fp, pool, lp, _) in per_prompt.items()}
+    add_modeled_cost(runs)
+    for name, (*_, scored) in per_prompt.items():
+        point = runs[name][0][0]
+        assert point["scored_images"] == 3 * 8 * scored, name
+        assert point["modeled_s"] == pytest.approx(sum(point[k] * v for k, v in PRICES.items()))
+    recorded = {"sol_rl": {0: [{**runs["sol_rl"][0][0], "scored_images": 7}]}}  # a new run's counter is kept
+    add_modeled_cost(recorded)
+    assert recorded["sol_rl"][0][0]["scored_images"] == 7
+    with pytest.raises(ValueError, match="not a named run"):
+        add_modeled_cost({"mystery": {0: [{k: v for k, v in runs["sol_rl"][0][0].items() if k != "scored_images"}]}})
+
+
+def test_costs_replace_the_table_and_a_file_without_d_says_so(tmp_path, capsys) -> None:
+    (tmp_path / "result.json").write_text(json.dumps({"args": {}, "runs": {
+        "diffusionnft": {"0": raw_curve([-2.0, -1.0], fp=100, lp=0)},
+        "sol_rl": {"0": raw_curve([-2.0, 0.0], fp=100, lp=60)}}}))
+    measured = {"explore_s_per_sample_step": 0.01, "regen_s_per_sample_step": 0.02, "train_s_per_sample": 0.6}
+    (tmp_path / "costs.json").write_text(json.dumps(measured))
+    main(["--from-json", "--json", str(tmp_path / "result.json"), "--costs", str(tmp_path / "costs.json")])
+    out = capsys.readouterr().out
+    assert out.count("decode + reward per image d = 0 (no decode_reward_s_per_image in the costs file)") == 1
+    written = json.loads((tmp_path / "result.json").read_text())
+    assert written["prices_gpu_s"] == {"fp_sample_steps": 0.02, "fp_pool_sample_steps": 0.02, "lp_sample_steps": 0.01,
+                                       "train_passes": 0.02, "scored_images": 0.0}
+    sol = written["runs"]["sol_rl"]["0"][1]  # 100 kept steps, 60 explore steps: 10 + 10 images (96 per 576 steps)
+    assert sol["scored_images"] == 20 and sol["modeled_s"] == pytest.approx(100 * 0.02 + 60 * 0.01 + 5760 * 0.02)
+    (tmp_path / "costs.json").write_text(json.dumps({**measured, "decode_reward_s_per_image": 0.5}))
+    main(["--from-json", "--json", str(tmp_path / "result.json"), "--costs", str(tmp_path / "costs.json")])
+    assert "d = 0" not in capsys.readouterr().out
+    written = json.loads((tmp_path / "result.json").read_text())
+    assert written["prices_gpu_s"] == counter_prices(Costs(0.01, 0.02, 0.6, decode_reward_s_per_image=0.5))
+    assert written["runs"]["sol_rl"]["0"][1]["modeled_s"] == pytest.approx(100 * 0.02 + 60 * 0.01 + 5760 * 0.02
+                                                                           + 20 * 0.5)

@@ -37,7 +37,11 @@ def test_the_cpu_mode_writes_every_field_of_the_gpu_run(tmp_path) -> None:
         assert costs.explore_s_per_sample_step == row["fp8_s_per_sample_step"]
         assert costs.regen_s_per_sample_step == row["bf16_s_per_sample_step"]
         assert set(result["memory_estimates"][name]) == {"explorer_gib", "learner_gib", "encoders_gib"}
-    assert result["decode_reward"]["vae_decode_s_per_image"] > 0
+    decode = result["decode_reward"]
+    assert decode["vae_decode_s_per_image"] > 0
+    for name in result["step_price"]:  # d: one image's decode and reward forward, in every costs file
+        assert load_costs(tmp_path / f"costs_{name}.json").decode_reward_s_per_image == pytest.approx(
+            decode["vae_decode_s_per_image"] + decode["reward_forward_s_per_image"])
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| sd35_medium | 2 |" in table and "n/a (no CUDA)" in table
 

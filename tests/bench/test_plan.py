@@ -94,8 +94,13 @@ def test_the_colocated_layout_reproduces_the_paper_for_sd35_large() -> None:
     w_x, w_r, w_t = work(costs, PAPER_SHAPE)
     assert (w_x / 8, w_r / 8, w_t / 8) == pytest.approx((125.0, 62.0, 240.0))
     assert colocated_s(costs, PAPER_SHAPE, 8) == pytest.approx(427.0)
-    naive_step = 451 * 8 / (48 * 96 * 10)
-    assert costs.explore_s_per_sample_step / naive_step == pytest.approx(0.462, abs=1e-3)
+    # per image, decode and reward included: explore 6·c_x + d, naive 10·c_b + d (bench.prices); at d = 0 the
+    # FP4 step is the paper's 0.46 of a BF16 one, at the default d (the bracket's midpoint) 0.365
+    naive_image, d = 451 * 8 / (48 * 96), costs.decode_reward_s_per_image
+    assert costs.explore_s_per_sample_step / ((naive_image - d) / 10) == pytest.approx(0.365, abs=1e-3)
+    undivided = paper_costs("sd35_large", d=0.0)
+    assert undivided.explore_s_per_sample_step / (naive_image / 10) == pytest.approx(0.462, abs=1e-3)
+    assert work(undivided, PAPER_SHAPE) == pytest.approx(work(costs, PAPER_SHAPE))
 
 
 @pytest.mark.parametrize(("model", "naive_s", "rollout_s"), [("flux_dev", 274.0, 169.0), ("sana_1600m", 95.0, 76.0)])
@@ -292,9 +297,10 @@ def whole_slot_bound(costs: Costs, shape: Shape, explorers: int, learners: int, 
     """No layout can beat its busiest GPUs: ceil(P/E) groups on one explorer, ceil(P/L) slots on one learner
     rank, at L/u(L) of a lone learner's time each. Sync adds the two; streamed regenerates the last group
     after it arrives, on its rank, before any rank trains."""
-    g = shape.candidates * shape.explore_steps * costs.explore_s_per_sample_step
+    d = costs.decode_reward_s_per_image  # every explored and regenerated image decoded and scored once
+    g = shape.candidates * (shape.explore_steps * costs.explore_s_per_sample_step + d)
     per_rank = learners / (1 + (learners - 1) * efficiency)
-    r = shape.keep * shape.regen_steps * costs.regen_s_per_sample_step * per_rank
+    r = shape.keep * (shape.regen_steps * costs.regen_s_per_sample_step + d) * per_rank
     t = shape.keep * costs.train_s_per_sample * per_rank
     x, busiest = math.ceil(shape.prompts / explorers) * g, math.ceil(shape.prompts / learners)
     extra = costs.sync_s + costs.overhead_s
@@ -330,3 +336,39 @@ def test_the_async_optimum_need_not_sit_where_the_sides_cross() -> None:
     for gpus in range(2, 65):
         brute = min(all_layouts(costs, PAPER_SHAPE, gpus, eff)[2 * (gpus - 1):], key=lambda c: (c.seconds, c.explorers))
         assert best_split(costs, PAPER_SHAPE, gpus, "async", False, eff) == brute
+
+
+def test_scored_images_are_priced_so_halving_and_pool_size_change_the_explore_phase() -> None:
+    """g = (sample-steps)·c_x + (scored images)·d: successive halving scores N + M images for N·f + M·(S − f)
+    steps (`learner.rollouts.successive_halving`), a smaller pool fewer."""
+    costs = Costs(explore_s_per_sample_step=1.0, regen_s_per_sample_step=2.0, train_s_per_sample=3.0,
+                  decode_reward_s_per_image=10.0)
+    assert work(costs, SMALL) == (4 * 2 * (1 + 10), 4 * 1 * (2 + 10), 12.0)
+    halving = replace(PAPER_SHAPE, halving=(2, 48))
+    assert (halving.explore_sample_steps(), halving.explore_scored()) == (96 * 2 + 48 * 4, 96 + 48)
+    assert work(costs, halving)[0] == 48 * ((96 * 2 + 48 * 4) * 1.0 + 144 * 10.0)
+    assert work(costs, replace(PAPER_SHAPE, candidates=48))[0] == 48 * 48 * (6 + 10)
+    paper = paper_costs("sd35_large")
+    ratio = work(paper, halving)[0] / work(paper, PAPER_SHAPE)[0]
+    assert ratio == pytest.approx(0.892, abs=1e-3)  # 0.667 in steps alone; the cut's 96 scorings are paid
+    assert work(paper_costs("sd35_large", d=0.0), halving)[0] / work(paper, PAPER_SHAPE)[0] == pytest.approx(2 / 3)
+    assert split_s(paper, halving, 2, 6, "async", False) < split_s(paper, PAPER_SHAPE, 2, 6, "async", False)
+
+
+def test_a_costs_file_without_d_keeps_d_0_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run.json").write_text(json.dumps(
+        {"explore_s_per_sample_step": 0.0362, "regen_s_per_sample_step": 0.0431, "train_s_per_sample": 1.667}))
+    main(["--gpus", "8", "--costs", str(tmp_path / "run.json"), "--json", str(tmp_path / "plan.json")])
+    out = capsys.readouterr().out
+    assert out.count("decode + reward per image d = 0 (no decode_reward_s_per_image in the costs file)") == 1
+    assert json.loads((tmp_path / "plan.json").read_text())["costs"]["decode_reward_s_per_image"] == 0.0
+    (tmp_path / "measured.json").write_text(json.dumps(
+        {"explore_s_per_sample_step": 0.0362, "regen_s_per_sample_step": 0.0431, "train_s_per_sample": 1.667,
+         "decode_reward_s_per_image": 0.05}))
+    main(["--gpus", "8", "--costs", str(tmp_path / "measured.json"), "--json", str(tmp_path / "plan.json")])
+    assert "d = 0" not in capsys.readouterr().out
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert written["colocated_s"] == pytest.approx(48 * (96 * (6 * 0.0362 + 0.05) + 24 * (10 * 0.0431 + 0.05)
+                                                         + 24 * 1.667) / 8)
+    main(["--gpus", "8"])
+    assert "d 0.05857/image (decode + reward" in capsys.readouterr().out

@@ -42,7 +42,8 @@ def single_process(cfg, lagged: bool = False) -> dict[str, torch.Tensor]:
                 groups = [
                     explore_group(trainer.policy, trainer.engine.module, trainer.reward, iteration=iteration, slot=s,
                                   prompt=p, seeds=candidate_seeds(cfg.run.seed, iteration, s, cfg.prompts.candidates),
-                                  sampling=exploration_sampling(cfg), policy_version=previous)
+                                  sampling=exploration_sampling(cfg), policy_version=previous,
+                                  spread_reference=trainer.spread_reference)
                     for s, p in enumerate(trainer.prompts_for(iteration))]
             trainer.train_iteration(iteration, groups)
             trainer.publish()

@@ -121,6 +121,16 @@ def test_async_mode_ranks_with_the_previous_version_and_regenerates_with_the_cur
     assert_same(weights0, single_process(cfg0))
 
 
+def test_the_spread_schedule_sends_each_iteration_its_reference_to_the_explorers(local_ray, tmp_path):
+    """explore.schedule=spread: iteration 0 explores every slot's N; the driver sends iteration 1's reference
+    (the median of iteration 0's first-chunk spreads) with each request, and the two explorers' pools are the
+    single process's: one slot of 6, one of 8."""
+    cfg = config("explore.schedule=spread", "explore.spread_first=6", "cluster.explorers.count=2")
+    weights, history = run_job(cfg, tmp_path / "spread")
+    assert [m["explored_candidates"] for m in history] == [16, 14]
+    assert_same(weights, single_process(cfg))
+
+
 # ---- a crashed explorer ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_the_only_explorer_killed_mid_explore_changes_nothing(local_ray, tmp_path, reference_weights, mode):

@@ -102,8 +102,8 @@ def test_ema_follows_the_official_warm_up_and_is_what_evaluation_sees(small_trai
 
 
 def test_a_non_finite_micro_batch_is_dropped_not_the_update(small_trainer):
-    """Before: one NaN loss made the whole update skip. Now that micro-batch is dropped (the official
-    loop zeroes its loss) and the rest still trains."""
+    """Before: one NaN loss made the whole update skip. Now that micro-batch is dropped (the intent of the
+    official loop's multiplying a non-finite loss by 0, which keeps it NaN there) and the rest still trains."""
     trainer = small_trainer("learner.algorithm=diffusionnft", "learner.micro_batch=4")
     groups = [trainer.rollout(0, slot, p) for slot, p in enumerate(trainer.prompts_for(0))]
     x0 = groups[1].samples.x0.clone()
