@@ -28,7 +28,7 @@ import numpy as np
 
 from bench import adaptive_explore, rank_fidelity
 from bench.convergence import BASELINE, add_modeled_cost, first_reach, load_runs, modeled_cost, plot, speedups
-from bench.evidence import ART_READINGS, ITERATIONS, PLAN
+from bench.evidence_plan import ART_READINGS, ITERATIONS, PLAN
 from bench.plan import PlanError, load_costs
 from bench.prices import D_DEFAULT, D_HIGH, D_LOW, IDEAL_FP4_RATIO, fp4_ratio_at, prices_at
 

@@ -1,0 +1,51 @@
+"""The evidence suite's plan: which runs, with which seeds, at what length, written where — read by the suite
+(`bench.evidence`, which makes the missing runs) and by its report (`bench.evidence_report`, which lists
+what is still pending)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+RESULTS = Path("bench/results")
+RUN_DIR = RESULTS / "runs"
+ITERATIONS = 60
+# Runs trained longer than ITERATIONS, evaluated every EVAL_EVERY_LONG: the 60-iteration curves still rise
+# linearly, and where the pool pays is read off curves that flatten (docs/benchmarks.md).
+LONG = {"diffusionnft_long": 200, "sol_rl_long": 200}
+EVAL_EVERY_LONG = 4
+COMMON = ["reward.weights={digit_margin: 1.0}"]
+# The runs in the order they are made: the headline comparison and Table 1 first, then one seed of each
+# ablation, then the second seeds, then the third seeds of what has three.
+ART_READINGS = ("sol_rl_art_away_from_target", "sol_rl_art_trust_region")  # learner.art.TRUST_MASKS
+PLAN: list[tuple[str, int]] = [
+    *[(name, seed) for seed in (0, 1, 2) for name in ("diffusionnft", "sol_rl")],
+    *[(name, seed) for seed in (0, 1) for name in ("flow_grpo", "sol_rl_halving")],
+    *[(name, seed) for seed in (0, 1) for name in (
+        "sol_rl_explore2", "sol_rl_explore4", "sol_rl_explore8", "sol_rl_pool24", "sol_rl_pool48", "sol_rl_pool72",
+        "naive_scaling", "naive_quant", "sol_rl_shuffled", *ART_READINGS)],
+    *[(name, 2) for name in ("flow_grpo", "sol_rl_halving", "naive_scaling", "naive_quant", "sol_rl_shuffled",
+                             *ART_READINGS)],
+    # the halving schedule the selection bench ranks best (3 steps for all: 0.75× the exploration)
+    *[("sol_rl_halving3", seed) for seed in (0, 1, 2)],
+    *[(name, seed) for seed in (0, 1, 2) for name in LONG],
+    # adaptive exploration by spread: pools of 48 or 96 by the prompt's proxy spread (≈ 0.75× the exploration)
+    *[("sol_rl_spread", seed) for seed in (0, 1, 2)],
+]
+
+
+def run_file(name: str, seed: int) -> Path:
+    return RUN_DIR / f"{name}_seed{seed}.json"
+
+
+def command(name: str, seed: int) -> list[str]:
+    sets = [arg for s in COMMON for arg in ("--set", s)]
+    length = ["--iterations", str(LONG[name]), "--eval-every", str(EVAL_EVERY_LONG)] if name in LONG else \
+        ["--iterations", str(ITERATIONS)]
+    return [sys.executable, "-m", "bench.convergence", "--runs", name, "--seeds", str(seed), *length, *sets,
+            "--json", str(run_file(name, seed))]
+
+
+def pending(only: list[str] | None, seeds: list[int] | None) -> list[tuple[str, int]]:
+    return [(name, seed) for name, seed in PLAN if (only is None or name in only)
+            and (seeds is None or seed in seeds) and not run_file(name, seed).exists()]
