@@ -74,10 +74,11 @@ class ExploreConfig(BaseModel):
                                    "worst by the early proxy)")
     spread_first: int = Field(48, ge=2, description="spread: the first candidates every prompt explores; how "
                               "many more, from their proxies' std against the previous iteration's median std")
-    spread_rule: Literal["median", "proportional"] = Field(
-        "median", description="spread: median: all N where the first chunk's std reaches the previous "
-        "iteration's median, else the first chunk; proportional: (spread_first + N)/2 · std ÷ that median "
-        "candidates, within [spread_first, N]")
+    spread_rule: Literal["proportional", "median"] = Field(
+        "proportional", description="spread: proportional: (spread_first + N)/2 · std ÷ the previous "
+        "iteration's median of the first chunks' std candidates, within [spread_first, N]; median: all N where "
+        "the first chunk's std reaches that median, else the first chunk (bench.adaptive_explore: it selects "
+        "worse than a uniform pool of its cost)")
     batch_size: int | None = Field(None, ge=1, description="candidates sampled per forward (None: a slot's N at "
                                    "once); bounds an explorer's activation memory")
     min_dim: int | None = Field(None, ge=0, description="None takes the model family's minimum")
