@@ -50,6 +50,9 @@ class SamplerConfig(BaseModel):
                                    "rollouts")
 
 
+SpreadRule = Literal["proportional", "median"]  # learner.rollouts.spread_pool_size
+
+
 class ExploreConfig(BaseModel):
     """The low-precision explore engine and its sampler."""
 
@@ -74,7 +77,7 @@ class ExploreConfig(BaseModel):
                                    "worst by the early proxy)")
     spread_first: int = Field(48, ge=2, description="spread: the first candidates every prompt explores; how "
                               "many more, from their proxies' std against the previous iteration's median std")
-    spread_rule: Literal["proportional", "median"] = Field(
+    spread_rule: SpreadRule = Field(
         "proportional", description="spread: proportional: (spread_first + N)/2 · std ÷ the previous "
         "iteration's median of the first chunks' std candidates, within [spread_first, N]; median: all N where "
         "the first chunk's std reaches that median, else the first chunk (bench.adaptive_explore: it selects "

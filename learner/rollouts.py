@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from diffusion.config import ExploreConfig, SpreadRule
 from diffusion.policy import FlowPolicy
 from diffusion.samplers import Solver
 from learner.iteration_record import Work
@@ -40,7 +41,7 @@ class Sampling:
     noise_level: float = 0.7  # the flow_sde solver's a
     halving: tuple[int, int] | None = None  # a pool's (first steps, survivors): `successive_halving`; None: one pass
     spread: int | None = None  # a pool's first chunk, explored always: `spread_explore`; None: one pass
-    spread_rule: str = "median"  # how the rest of a spread pool is decided (`spread_pool_size`)
+    spread_rule: SpreadRule = ExploreConfig.model_fields["spread_rule"].default  # `spread_pool_size`
 
     def pool_steps(self, candidates: int) -> int:
         """Sample-steps of a pool of `candidates` (the explore cost `bench.convergence` prices); with a
@@ -220,7 +221,7 @@ def first_chunk_spread(proxy: torch.Tensor) -> float:
 
 
 def spread_pool_size(spread: float, reference: float | None, first: int, candidates: int,
-                     rule: str = "median") -> int:
+                     rule: SpreadRule) -> int:
     """How many candidates a slot explores under the spread schedule; all `candidates` when there is no
     reference (iteration 0, or a checkpoint without one). Rule "median": all when its first chunk's
     `spread` reaches `reference`, else only the `first`. Rule "proportional": (first + candidates)/2 ·

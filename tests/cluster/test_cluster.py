@@ -124,10 +124,11 @@ def test_async_mode_ranks_with_the_previous_version_and_regenerates_with_the_cur
 def test_the_spread_schedule_sends_each_iteration_its_reference_to_the_explorers(local_ray, tmp_path):
     """explore.schedule=spread: iteration 0 explores every slot's N; the driver sends iteration 1's reference
     (the median of iteration 0's first-chunk spreads) with each request, and the two explorers' pools are the
-    single process's: one slot of 6, one of 8."""
+    single process's. The default proportional rule gives (6 + 8)/2 · std ÷ median within [6, 8]: the slot
+    below the median keeps its first 6, the one above takes 7."""
     cfg = config("explore.schedule=spread", "explore.spread_first=6", "cluster.explorers.count=2")
     weights, history = run_job(cfg, tmp_path / "spread")
-    assert [m["explored_candidates"] for m in history] == [16, 14]
+    assert [m["explored_candidates"] for m in history] == [16, 13]
     assert_same(weights, single_process(cfg))
 
 

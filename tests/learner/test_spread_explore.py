@@ -56,11 +56,11 @@ def test_the_rule_on_constructed_proxies() -> None:
     reference = spread_reference(spreads)
     assert reference == 1.5  # the median of the finite ones
     wide, narrow = torch.tensor([0.0, 3.0, -3.0, 1.0]), torch.tensor([0.0, 0.1, -0.1, 0.2])
-    assert spread_pool_size(first_chunk_spread(wide), reference, 48, 96) == 96
-    assert spread_pool_size(first_chunk_spread(narrow), reference, 48, 96) == 48
-    assert spread_pool_size(reference, reference, 48, 96) == 96  # reaching the reference is enough
-    assert spread_pool_size(first_chunk_spread(narrow), None, 48, 96) == 96  # iteration 0: no reference
-    assert spread_pool_size(math.nan, reference, 48, 96) == 48  # a broken reward keeps the first chunk
+    assert spread_pool_size(first_chunk_spread(wide), reference, 48, 96, "median") == 96
+    assert spread_pool_size(first_chunk_spread(narrow), reference, 48, 96, "median") == 48
+    assert spread_pool_size(reference, reference, 48, 96, "median") == 96  # reaching the reference is enough
+    assert spread_pool_size(first_chunk_spread(narrow), None, 48, 96, "median") == 96  # iteration 0: no reference
+    assert spread_pool_size(math.nan, reference, 48, 96, "median") == 48  # a broken reward keeps the first chunk
     assert spread_reference([3.0, 1.0, 2.0]) == 2.0 and spread_reference([None, math.inf]) is None
     assert spread_reference([]) is None
 
