@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,12 @@ from cluster.config.loading import load_config
 from cluster.config.schema import SolRLConfig
 from diffusion.progress import Progress
 from learner.algorithms import ALGORITHMS
+from learner.checkpoint import CHECKPOINT_DIR, has_checkpoint
 from learner.config import TrainerConfig
 from learner.rollouts import exploration_sampling, regeneration_sampling
 from learner.trainer import Trainer
+
+POINTS_FILE = "points.json"  # a resumable run's points so far (`run_one`)
 
 # The cost model is `bench.prices`: every counter of `learner.iteration_record.Work` at the paper's
 # SD3.5-L Table 5 rates (PRICES, at the default decode + reward price d; PRICES_LOW_D and PRICES_HIGH_D at
@@ -112,15 +116,32 @@ def run_config(name: str) -> SolRLConfig:
     return _RUN_CONFIGS[name]
 
 
-def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
+def run_one(config: SolRLConfig, log, resume: Path | None = None) -> list[dict[str, Any]]:
     """Train one run; a point per evaluation (the trainer's own schedule: `eval.every` and the last
-    iteration) with the held-out reward and cumulative raw counters."""
-    trainer = Trainer(config)
-    totals = dict.fromkeys(("wall_s", "rollout_s", "train_s", *COUNTERS), 0.0)
-    points = [{"iteration": 0, **totals, **trainer.evaluate()}]
-    progress = Progress("    iteration", config.run.iterations)
+    iteration) with the held-out reward and cumulative raw counters.
+
+    `resume`: a folder where the run checkpoints at every evaluation (the trainer's checkpoint, then
+    `points.json`, the points so far): a run stopped there continues from its last checkpoint, with the
+    points it would have made without stopping — bitwise on CPU (`Trainer.resume`), the wall-clock seconds
+    apart. A long run thus survives a killed process."""
+    if resume is not None:  # a checkpoint at every point, so a resumed run's counters are the last point's
+        config = config.model_copy(update={"run": config.run.model_copy(
+            update={"checkpoint_every": config.eval.every})})
+    trainer = Trainer(config, run_dir=resume)
+    saved = resume / POINTS_FILE if resume is not None else None
+    if resume is not None and has_checkpoint(resume / CHECKPOINT_DIR) and saved.exists():
+        trainer.resume()
+        trainer.publish()
+        # points.json is written before the checkpoint: a stop between the two leaves a point too many
+        points = [p for p in json.loads(saved.read_text()) if p["iteration"] <= trainer.iteration]
+        totals = {key: points[-1][key] for key in ("wall_s", "rollout_s", "train_s", *COUNTERS)}
+        log(f"    resumed at iteration {trainer.iteration} from {resume}", flush=True)
+    else:
+        totals = dict.fromkeys(("wall_s", "rollout_s", "train_s", *COUNTERS), 0.0)
+        points = [{"iteration": 0, **totals, **trainer.evaluate()}]
+    progress = Progress("    iteration", config.run.iterations, done=trainer.iteration)
     objective: dict[str, list[float]] = {}  # the update's own numbers since the previous point
-    for i in range(config.run.iterations):
+    for i in range(trainer.iteration, config.run.iterations):
         result = trainer.train_iteration(i)
         trainer.publish()
         m = {**result.metrics(), **trainer.finish_iteration().evaluation}  # work per iteration; eval when due
@@ -129,18 +150,24 @@ def run_one(config: SolRLConfig, log) -> list[dict[str, Any]]:
             totals[key] += m[key]
         for key, value in result.losses.items():
             objective.setdefault(key, []).append(float(value))
-        if "eval_reward" in m:
-            point = {"iteration": i + 1, **totals, "train_reward": m["reward_mean"],
-                     **{k: v for k, v in m.items() if k.startswith("eval_")},
-                     "objective": {k: float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
-                                   for k, v in objective.items()}}
-            objective = {}
-            if "rank_spearman" in m:
-                point["rank_spearman"] = m["rank_spearman"]
-            points.append(point)
-            log(f"{progress.line(i + 1)}  held-out reward {point['eval_reward']:7.3f}  "
-                f"acc {point.get('eval_accuracy', float('nan')):.3f}  wall {totals['wall_s']:6.1f}s  "
-                f"(rollout {totals['rollout_s']:6.1f}s, train {totals['train_s']:6.1f}s)", flush=True)
+        if "eval_reward" not in m:
+            continue
+        point = {"iteration": i + 1, **totals, "train_reward": m["reward_mean"],
+                 **{k: v for k, v in m.items() if k.startswith("eval_")},
+                 "objective": {k: float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+                               for k, v in objective.items()}}
+        objective = {}
+        if "rank_spearman" in m:
+            point["rank_spearman"] = m["rank_spearman"]
+        points.append(point)
+        if saved is not None:
+            tmp = saved.with_suffix(".tmp")
+            tmp.write_text(json.dumps(points))
+            tmp.replace(saved)
+        trainer.checkpoint()
+        log(f"{progress.line(i + 1)}  held-out reward {point['eval_reward']:7.3f}  "
+            f"acc {point.get('eval_accuracy', float('nan')):.3f}  wall {totals['wall_s']:6.1f}s  "
+            f"(rollout {totals['rollout_s']:6.1f}s, train {totals['train_s']:6.1f}s)", flush=True)
     return points
 
 
@@ -328,6 +355,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--art", action="store_true", help="add sol_rl_art_<reading> for both trust-mask readings "
                         "(the DiffusionART objective)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--resume-dir", type=Path, default=None, help="checkpoint each run at every evaluation "
+                        "into DIR/<run>_seed<s>/ and continue a stopped one from there (removed once --json is "
+                        "written)")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--from-json", action="store_true", help="only re-summarize an existing --json")
@@ -359,12 +389,17 @@ def main(argv: list[str] | None = None) -> None:
     configs = {name: load_config(args.config, common + RUNS[name]) for name in names}  # fail early
 
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name in names}
+    folders = {(name, seed): args.resume_dir / f"{name}_seed{seed}" if args.resume_dir else None
+               for seed in args.seeds for name in names}
     for seed in args.seeds:
         for name, config in configs.items():
             print(f"== {name}, run seed {seed}", flush=True)
             runs[name][seed] = run_one(config.model_copy(update={"run": config.run.model_copy(update={"seed": seed})}),
-                                       print)
-    report(runs, vars(args), args.json, args.png, prices)
+                                       print, folders[name, seed])
+    report(runs, {k: v for k, v in vars(args).items() if k != "resume_dir"}, args.json, args.png, prices)
+    for folder in folders.values():
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def report(runs: dict[str, dict[int, list[dict[str, Any]]]], settings: dict, json_path: Path,

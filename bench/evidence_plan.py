@@ -9,6 +9,7 @@ from pathlib import Path
 
 RESULTS = Path("bench/results")
 RUN_DIR = RESULTS / "runs"
+PARTIAL_DIR = RUN_DIR / "partial"  # a run's checkpoints while it trains (`bench.convergence --resume-dir`)
 ITERATIONS = 60
 # Runs trained longer than ITERATIONS, evaluated every EVAL_EVERY_LONG: the 60-iteration curves still rise
 # linearly, and where the pool pays is read off curves that flatten (docs/benchmarks.md).
@@ -43,7 +44,7 @@ def command(name: str, seed: int) -> list[str]:
     length = ["--iterations", str(LONG[name]), "--eval-every", str(EVAL_EVERY_LONG)] if name in LONG else \
         ["--iterations", str(ITERATIONS)]
     return [sys.executable, "-m", "bench.convergence", "--runs", name, "--seeds", str(seed), *length, *sets,
-            "--json", str(run_file(name, seed))]
+            "--json", str(run_file(name, seed)), "--resume-dir", str(PARTIAL_DIR)]
 
 
 def pending(only: list[str] | None, seeds: list[int] | None) -> list[tuple[str, int]]:

@@ -49,7 +49,7 @@ from cluster.reports.summary import finish, print_summary
 from cluster.runtime import run_lock
 from cluster.runtime.local_ray import LocalRay, reap_orphans
 from cluster.runtime.run_lock import RunLocked
-from learner.checkpoint import CHECKPOINT_DIR, checkpoint_iteration
+from learner.checkpoint import CHECKPOINT_DIR, checkpoint_iteration, has_checkpoint
 
 # Ray sets this in the entrypoint of `ray job submit`, whose current directory is a temporary copy.
 IN_RAY_JOB = "RAY_JOB_CONFIG_JSON_ENV_VAR"
@@ -88,11 +88,6 @@ def run_directory(given: str | None, config: SolRLConfig) -> Path:
     return (Path.cwd() / (path if given else Path("runs") / path)).resolve()
 
 
-def _has_checkpoint(folder: Path) -> bool:
-    """Anything a resume could start from: the folder, or the complete `.tmp` of an interrupted rotation."""
-    return folder.exists() or folder.with_name(folder.name + ".tmp").exists()
-
-
 def _learner_count_note(meta: dict, config: SolRLConfig, overrides: list[str]) -> str | None:
     """A resume with another learner-group size L: refused unless asked for with --set, then said plainly.
     The micro-batch partition changes with L, so the continuation is not the run either L would have made."""
@@ -124,10 +119,10 @@ def _resume_plan(args: argparse.Namespace) -> Plan:
     folder = run_dir / CHECKPOINT_DIR
     if args.checkpoint == "previous":
         folder = previous_checkpoint(folder)
-        if not _has_checkpoint(folder):
+        if not has_checkpoint(folder):
             raise ConfigError(f"--resume {given} --checkpoint previous: there is no {folder.name}/ (a run keeps the "
                               "one before the last once it has written two); resume without --checkpoint")
-    if not _has_checkpoint(folder):  # it died before its first checkpoint: start it again, history kept
+    if not has_checkpoint(folder):  # it died before its first checkpoint: start it again, history kept
         checked = check_inputs(config)
         plan = Plan(config, checked, run_dir, notes=list(checked.notes), restart=True)
         plan.notes.append(f"{run_dir} has no checkpoint yet (its last start ended before the first one): starting "

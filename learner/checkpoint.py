@@ -58,6 +58,7 @@ __all__ = [
     "CorruptCheckpoint",
     "NonFiniteWeights",
     "check_finite",
+    "has_checkpoint",
     "previous_checkpoint",
     "safetensors_metadata",
     "save_checkpoint",
@@ -239,6 +240,13 @@ def _rotate_into_place(final: Path) -> None:
     fsync_path(final.parent)
     if discard.exists():
         shutil.rmtree(discard)
+
+
+def has_checkpoint(folder: str | os.PathLike) -> bool:
+    """Anything a resume could start from: the folder, or the complete `.tmp` of an interrupted rotation
+    (`checkpoint_load` verifies it)."""
+    folder = Path(folder)
+    return folder.exists() or siblings(folder)[0].exists()
 
 
 def checkpoint_iteration(folder: str | os.PathLike) -> int | None:

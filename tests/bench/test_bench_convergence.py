@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from tiny import tiny_config
 
 from bench.convergence import (
     PRICES,
@@ -15,6 +16,7 @@ from bench.convergence import (
     first_reach,
     main,
     merge,
+    run_one,
     speedup_profile,
     speedups,
 )
@@ -183,3 +185,28 @@ def test_costs_replace_the_table_and_a_file_without_d_says_so(tmp_path, capsys) 
     assert written["prices_gpu_s"] == counter_prices(Costs(0.01, 0.02, 0.6, decode_reward_s_per_image=0.5))
     assert written["runs"]["sol_rl"]["0"][1]["modeled_s"] == pytest.approx(100 * 0.02 + 60 * 0.01 + 5760 * 0.02
                                                                            + 20 * 0.5)
+
+
+class Stopped(Exception):
+    """The process killed right after a checkpoint."""
+
+
+def test_a_stopped_run_continues_from_its_last_checkpoint_to_the_same_points(tmp_path) -> None:
+    config = tiny_config("run.iterations=4", "eval.every=2")
+    whole = run_one(config, lambda *_, **__: None)
+
+    def stop(*_, **__) -> None:
+        raise Stopped
+
+    with pytest.raises(Stopped):  # the first point's log comes after its checkpoint (iteration 2)
+        run_one(config, stop, tmp_path)
+    lines: list[str] = []
+    resumed = run_one(config, lambda line, **_: lines.append(line), tmp_path)
+    assert lines[0].startswith("    resumed at iteration 2") and len(lines) == 2  # then only iteration 4's point
+
+    def measured(points: list[dict]) -> str:  # all but this machine's seconds; NaN compares equal as text
+        return json.dumps([{k: v for k, v in p.items() if k not in ("wall_s", "rollout_s", "train_s")}
+                           for p in points])
+
+    assert [p["iteration"] for p in resumed] == [0, 2, 4]
+    assert measured(resumed) == measured(whole)

@@ -342,4 +342,6 @@ def test_the_suite_skips_runs_already_on_disk(tmp_path, monkeypatch) -> None:
     (tmp_path / "bench/results/runs").mkdir(parents=True)
     (tmp_path / f"bench/results/runs/{first[0]}_seed{first[1]}.json").write_text("{}")
     assert first not in pending(None, None) and len(pending(None, None)) == len(PLAN) - 1
-    assert command(*first)[-1] == f"bench/results/runs/{first[0]}_seed{first[1]}.json"
+    args = command(*first)
+    assert args[args.index("--json") + 1] == f"bench/results/runs/{first[0]}_seed{first[1]}.json"
+    assert args[args.index("--resume-dir") + 1] == "bench/results/runs/partial"  # a killed run continues
