@@ -322,6 +322,10 @@ RUNS: dict[str, list[str]] = {
     # rollouts, the first 9 of 10 steps (0.99), two optimizer steps on stored log π_old, zero advantages dropped
     "flow_grpo": ["learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
                   "learner.timestep_fraction=0.99"],
+    # the same with the EMA folded after every optimizer step instead of every 8th (the source's): how much
+    # of Flow-GRPO's deficit here is the EMA's lag over a 60-iteration run (runnable by name)
+    "flow_grpo_ema_every1": ["learner.algorithm=diffusionnft", "learner.objective=flow_grpo",
+                             "learner.decay.type=0", "learner.timestep_fraction=0.99", "training.ema_every=1"],
     # adaptive exploration (this project's): every seed f steps, the 48 ends of that ranking finish the 6
     **{f"sol_rl_halving{'' if f == 2 else f}": ["learner.algorithm=sol_rl", "explore.schedule=halving",
                                                   f"explore.halving_steps={f}", "explore.halving_survivors=48"]

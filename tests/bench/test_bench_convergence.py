@@ -133,6 +133,9 @@ def test_every_named_run_is_a_valid_config_that_sets_what_its_name_says() -> Non
     grpo = configs["flow_grpo"]
     assert grpo.learner.objective == "flow_grpo" and int(grpo.learner.timestep_fraction * grpo.sampler.steps) == 9
     assert (grpo.learner.grpo.optimizer_steps, grpo.learner.grpo.timesteps, grpo.training.ema_every) == (2, "first", 8)
+    ema1 = configs["flow_grpo_ema_every1"]
+    apart = {"training": {"ema_every"}}
+    assert ema1.training.ema_every == 1 and ema1.model_dump(exclude=apart) == grpo.model_dump(exclude=apart)
     for reading in ("away_from_target", "trust_region"):
         art = configs[f"sol_rl_art_{reading}"].learner
         assert (art.objective, art.art.trust_mask, art.decay.type) == ("art", reading, 0)
