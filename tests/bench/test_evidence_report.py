@@ -20,6 +20,7 @@ from bench.evidence_report import (
     convergence_table,
     deepest_dip,
     equal_time_table,
+    grpo_ema_note,
     grpo_objective_table,
     level_speedup,
     lp_prices,
@@ -203,6 +204,16 @@ def test_flow_grpos_logged_numbers_are_averaged_over_the_iterations_they_cover()
     text, table = grpo_objective_table(runs)
     assert table["binds"] and table["clip_fraction"] == [pytest.approx(0.3)]
     assert "The clip binds: 30.0%" in text and "| step2_clip_fraction | 0.6000" in text
+
+
+def test_the_ema_interval_note_compares_the_seeds_both_runs_have() -> None:
+    runs = {"flow_grpo": {0: points([0.0, 5.0], fp=1), 1: points([0.0, 6.0], fp=1)},
+            "flow_grpo_ema_every1": {1: points([0.0, 9.0], fp=1, accuracy=[0.5, 0.8])}}
+    text, table = grpo_ema_note(runs)
+    assert table["seeds"] == [1] and table["flow_grpo"]["final_reward"] == [6.0]
+    assert table["flow_grpo_ema_every1"]["final_accuracy"] == [0.8] and "| every optimizer step" in text
+    text, table = grpo_ema_note({"flow_grpo": runs["flow_grpo"]})
+    assert table["seeds"] == [] and "not measured (`python -m bench.convergence --runs flow_grpo_ema_every1" in text
 
 
 def test_the_deepest_dip_is_the_largest_drop_below_an_earlier_peak() -> None:
