@@ -5,8 +5,9 @@
 
 Every run trains on `digit_margin` (a reward that keeps rising with quality, unlike `digit_alignment`'s
 log p, which saturates at 0) for `ITERATIONS` iterations and writes `bench/results/runs/<run>_seed<s>.json`.
-A run whose file exists is not run again, so the suite (hours on two cores) resumes where it stopped;
-each run is its own process and should have the machine to itself (its wall clock is reported; the
+A run whose file exists is not run again, so the suite (hours on two cores) resumes where it stopped, and a
+run killed mid-way continues from its last evaluation (`bench/results/runs/partial/`, `bench.convergence
+--resume-dir`); each run is its own process and should have the machine to itself (its wall clock is reported; the
 modeled GPU time is counted work, not timed). `--report` merges every file into
 `bench/results/evidence.json`, prints the tables of docs/benchmarks.md and draws the figures.
 """
