@@ -316,6 +316,9 @@ RUNS: dict[str, list[str]] = {
     # DiffusionART under each reading of its trust mask (learner.art.TRUST_MASKS)
     **{f"sol_rl_art_{m}": ["learner.algorithm=sol_rl", "learner.objective=art", "learner.decay.type=0",
                            f"learner.art.trust_mask={m}"] for m in ("away_from_target", "trust_region")},
+    # the same objective without the pool (K-in-K): the baseline that says whether the pool pays under ART
+    "diffusionnft_art": ["learner.algorithm=diffusionnft", "learner.objective=art", "learner.decay.type=0",
+                         "learner.art.trust_mask=trust_region"],
     **{f"sol_rl_explore{s}": ["learner.algorithm=sol_rl", f"explore.steps={s}"] for s in (2, 4, 8)},
     **{f"sol_rl_pool{n}": ["learner.algorithm=sol_rl", f"prompts.candidates={n}"] for n in (24, 48, 72)},
     # Flow-GRPO as its source runs it (learner.config.GRPOConfig's defaults): K-in-K like DiffusionNFT, SDE

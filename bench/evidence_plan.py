@@ -32,6 +32,8 @@ PLAN: list[tuple[str, int]] = [
     *[(name, seed) for seed in (0, 1, 2) for name in LONG],
     # adaptive exploration by spread: pools of 48 or 96 by the prompt's proxy spread (≈ 0.75× the exploration)
     *[("sol_rl_spread", seed) for seed in (0, 1, 2)],
+    # DiffusionART without the pool: does the pool pay under ART (against sol_rl_art_trust_region)?
+    *[("diffusionnft_art", seed) for seed in (0, 1, 2)],
 ]
 
 

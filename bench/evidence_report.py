@@ -48,12 +48,13 @@ POOL_RUNS = {24: "sol_rl_pool24", 48: "sol_rl_pool48", 72: "sol_rl_pool72", 96: 
 FIXED = "sol_rl"  # Sol-RL's fixed explore pass: what the adaptive schedules are judged against
 ADAPTIVE_RUNS = ("sol_rl_halving", "sol_rl_halving3", "sol_rl_spread")
 LONG_BASELINE, LONG_RUN = "diffusionnft_long", "sol_rl_long"
+ART_BASELINE = "diffusionnft_art"  # DiffusionART without the pool: the pool's worth under ART
 CONVERGENCE_RUNS = ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl", *ADAPTIVE_RUNS, "flow_grpo",
-                    "sol_rl_shuffled", *ART_READINGS)
+                    "sol_rl_shuffled", *ART_READINGS, ART_BASELINE)
 LONG_RUNS = (LONG_BASELINE, LONG_RUN)
 FIGURES = {"algorithms": ("diffusionnft", "naive_scaling", "naive_quant", "sol_rl", "flow_grpo"),
            "explore_steps": tuple(EXPLORE_RUNS.values()), "pool_size": tuple(POOL_RUNS.values()),
-           "controls": ("diffusionnft", "sol_rl", "sol_rl_shuffled", *ART_READINGS),
+           "controls": ("diffusionnft", "sol_rl", "sol_rl_shuffled", *ART_READINGS, ART_BASELINE),
            "adaptive": ("diffusionnft", "sol_rl", *ADAPTIVE_RUNS), "long": LONG_RUNS}
 FIGURE_BASELINES = {"long": LONG_BASELINE}
 # Runs the report's sections expect beyond the suite's PLAN (3 seeds of every adaptive schedule).
@@ -427,6 +428,18 @@ def pool_pays_table(runs: Runs, baseline: str, run: str, levels: tuple[float, ..
     return "\n".join(lines), out
 
 
+def art_pool_section(runs: Runs, gpu_check: Path | None, baseline: str = ART_BASELINE,
+                     run: str = ART_READINGS[1]) -> tuple[str, dict, dict]:
+    """The pool's worth under the other objective: `pool_pays_table` and `break_even_table` of Sol-RL with
+    DiffusionART (the default trust mask) against DiffusionART without the pool, on their common seeds."""
+    if not (baseline in runs and run in runs and set(runs[baseline]) & set(runs[run])):
+        absent = ", ".join(f"`{n}`" for n in (baseline, run) if n not in runs) or "no common seed"
+        return f"{PENDING} ({absent}).", {}, {}
+    text, pays = pool_pays_table(runs, baseline, run)
+    be_text, be = break_even_table(runs, baseline, run, gpu_check)
+    return f"{text}\n\nBreak-even price of a low-precision step under DiffusionART:\n\n{be_text}", pays, be
+
+
 def pays_sentence(table: dict) -> str:
     """Which levels the pool pays at (every seed's modeled speedup ≥ 1), costs at (every seed's < 1 or never),
     and where the seeds disagree."""
@@ -764,6 +777,8 @@ def sections_of(runs: Runs, results: Path) -> tuple[list[tuple[str, str]], dict,
         text, numbers["break_even"] = break_even_table(runs, baseline, run, results / "gpu_check")
         sections.append(("Break-even price of a low-precision step (q: its price ÷ the full-precision pool "
                          "step's c_b)", f"{note}\n\n{text}"))
+    text, numbers["pool_pays_art"], numbers["break_even_art"] = art_pool_section(runs, results / "gpu_check")
+    sections.append((f"Where the pool pays under DiffusionART: `{ART_READINGS[1]}` against `{ART_BASELINE}`", text))
     text, numbers["adaptive"] = adaptive_table(runs)
     sections.append(("Adaptive exploration re-judged: time to diffusionnft's final reward at each decode + "
                      "reward price", text))

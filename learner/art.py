@@ -167,7 +167,7 @@ def trust_mask(
     *,
     threshold: float = 1e-5,
     noise_level: float = 0.7,
-    reading: TrustMask = "away_from_target",
+    reading: TrustMask,
 ) -> torch.Tensor:
     """Per-sample trust-region mask m ([B], float 0/1; no gradient): m_i = 0 iff KL_i > δ and the reading's
     condition holds at state i.
@@ -180,7 +180,9 @@ def trust_mask(
                            target. Blocks exactly the states whose regression would pull them back, and
                            never bounds drift towards the target.
         trust_region       ⟨v_θ − v_old, v* − v_θ⟩ > 0: the regression's step would move the state further
-                           from θ_old. Past δ only corrective steps train, so the drift stays near δ.
+                           from θ_old. Past δ only corrective steps train, so window 2 adds no drift to
+                           a state past δ. `ARTConfig.trust_mask`'s default: the evidence runs measured
+                           it bounding drift and holding held-out accuracy (docs/objectives.md).
 
     With no drift (window 1, where θ = θ_old) the KL is 0 and nothing is masked in either reading.
     """
@@ -203,7 +205,7 @@ def art_loss(
     restore_weight: float = 0.0,
     threshold: float = 1e-5,
     noise_level: float = 0.7,
-    reading: TrustMask = "away_from_target",
+    reading: TrustMask,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of one update window on B visited states.
 

@@ -131,10 +131,11 @@ class ARTConfig(BaseModel):
     restore_weight: float = Field(0.0, ge=0, description="EXTENSION, off by default: λ of an explicit "
                                   "restoration in window 2 (its frozen-target replay already restores)")
     trust_threshold: float = Field(1e-5, gt=0, description="δ of the trust-region mask (SDE KL)")
-    trust_mask: TrustMask = Field("away_from_target", description="which reading of the source's mask "
-                                  "(learner.art.TRUST_MASKS; docs/objectives.md): away_from_target blocks a state "
-                                  "past δ whose drift points away from its target; trust_region blocks, past δ, "
-                                  "the update that would move the state further from θ_old")
+    trust_mask: TrustMask = Field("trust_region", description="which reading of the source's mask "
+                                  "(learner.art.TRUST_MASKS; docs/objectives.md): trust_region (the default, the "
+                                  "reading the evidence runs measure bounding drift and holding accuracy) blocks, "
+                                  "past δ, the update that would move the state further from θ_old; "
+                                  "away_from_target blocks a state past δ whose drift points away from its target")
     noise_level: float = Field(0.7, gt=0, description="a of the ODE→SDE conversion")
     pairwise: bool = Field(False, description="replace rewards by winner 1 / loser 0 / tie 0.5 (K = 2)")
 

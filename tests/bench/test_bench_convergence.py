@@ -139,6 +139,9 @@ def test_every_named_run_is_a_valid_config_that_sets_what_its_name_says() -> Non
     for reading in ("away_from_target", "trust_region"):
         art = configs[f"sol_rl_art_{reading}"].learner
         assert (art.objective, art.art.trust_mask, art.decay.type) == ("art", reading, 0)
+    art = configs["diffusionnft_art"].learner  # the default reading without the pool
+    assert (art.algorithm, art.objective, art.art.trust_mask, art.decay.type) == ("diffusionnft", "art",
+                                                                                 "trust_region", 0)
     assert [configs[f"{name}_long"].learner.algorithm for name in ("diffusionnft", "sol_rl")] == ["diffusionnft",
                                                                                                  "sol_rl"]
     assert configs["sol_rl_shuffled"].learner.shuffle_rewards and not configs["sol_rl"].learner.shuffle_rewards

@@ -14,6 +14,7 @@ from bench.evidence_report import (
     ADAPTIVE_RUNS,
     D_SETTINGS,
     adaptive_table,
+    art_pool_section,
     art_table,
     break_even_q,
     break_even_table,
@@ -122,6 +123,19 @@ def test_the_long_pair_is_used_when_present_and_its_own_baseline_sets_the_target
     c_nft = per_iteration(PRICES, fp=100, scored=10)
     c_sol = per_iteration(PRICES, fp=100, lp=6000, scored=110)
     assert summary["sol_rl_long"]["modeled_s"]["per_seed"] == [pytest.approx(2 * c_nft / c_sol)] * 2
+
+
+def test_the_pool_under_art_is_judged_against_art_without_it() -> None:
+    runs = linear_pair()
+    text, pays, _ = art_pool_section(runs, None)
+    assert text == "pending (`diffusionnft_art`, `sol_rl_art_trust_region`)." and pays == {}
+    runs.update(linear_pair(seeds=(1, 2), nft="diffusionnft_art", sol="sol_rl_art_trust_region", lp=6000))
+    text, pays, break_even = art_pool_section(runs, None)
+    c_nft = per_iteration(PRICES, fp=100, scored=10)
+    c_sol = per_iteration(PRICES, fp=100, lp=6000, scored=110)
+    assert pays["seeds"] == break_even["seeds"] == [1, 2] and pays["baseline"] == "diffusionnft_art"
+    assert pays["levels"][1.0]["modeled_s"] == [pytest.approx(2 * c_nft / c_sol)] * 2
+    assert "Break-even price of a low-precision step under DiffusionART" in text
 
 
 def test_two_linear_curves_give_their_known_speedup_at_every_level_and_budget() -> None:

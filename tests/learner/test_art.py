@@ -9,6 +9,7 @@ import torch
 from torch.distributions import Normal, kl_divergence
 
 from learner.art import (
+    TRUST_MASKS,
     art_guidance,
     art_loss,
     art_target,
@@ -107,7 +108,8 @@ def test_target_moves_data_prediction_along_guidance_with_no_strength_to_tune():
 
 def _grads(v_theta, v_target, v_old, t, dt, restore_weight):
     leaf = v_theta.detach().clone().requires_grad_(True)
-    loss, _ = art_loss(leaf, v_target, v_old, t, dt, restore_weight=restore_weight, threshold=INF)
+    loss, _ = art_loss(leaf, v_target, v_old, t, dt, restore_weight=restore_weight, threshold=INF,
+                       reading="trust_region")  # no state past δ: no reading masks
     (grad,) = torch.autograd.grad(loss, leaf)
     return grad
 
@@ -142,7 +144,7 @@ def test_window_two_replaying_the_frozen_target_restores_in_proportion_to_drift_
     v = (v_old + drift).clone().requires_grad_(True)
     optim = torch.optim.SGD([v], lr=n / 4)
     for _ in range(50):
-        loss, _ = art_loss(v, v_target, v_old, t, dt, threshold=INF)
+        loss, _ = art_loss(v, v_target, v_old, t, dt, threshold=INF, reading="trust_region")
         optim.zero_grad()
         loss.backward()
         optim.step()
@@ -173,9 +175,10 @@ def test_kl_is_zero_and_nothing_masked_without_drift():
     t, dt, v_old, gen = _states(seed=6)
     v_target = v_old - torch.randn(v_old.shape, generator=gen)
     assert torch.equal(sde_kl(v_old, v_old.clone(), t, dt), torch.zeros(len(t)))
-    assert torch.equal(trust_mask(v_old, v_old.clone(), v_target, t, dt), torch.ones(len(t)))
-    _, diag = art_loss(v_old, v_target, v_old.clone(), t, dt, restore_weight=1.0)
-    assert diag["masked_fraction"].item() == 0.0 and diag["restore_loss"].item() == 0.0
+    for reading in TRUST_MASKS:
+        assert torch.equal(trust_mask(v_old, v_old.clone(), v_target, t, dt, reading=reading), torch.ones(len(t)))
+        _, diag = art_loss(v_old, v_target, v_old.clone(), t, dt, restore_weight=1.0, reading=reading)
+        assert diag["masked_fraction"].item() == 0.0 and diag["restore_loss"].item() == 0.0
 
 
 def test_kl_matches_gaussian_kl_of_the_sde_transitions():
@@ -215,11 +218,11 @@ def test_trust_mask_blocks_only_states_that_drifted_away_from_their_target_outsi
     v_target = v_old + torch.tensor([-1.0, 2.0, -1.0, 2.0]).view(-1, 1) * drift
     kl = sde_kl(v_theta, v_old, t, dt)
     assert bool((kl[:2] > 1e-5).all()) and bool((kl[2:] < 1e-5).all())  # two outside, two inside
-    mask = trust_mask(v_theta, v_old, v_target, t, dt, threshold=1e-5)
+    mask = trust_mask(v_theta, v_old, v_target, t, dt, threshold=1e-5, reading="away_from_target")
     assert mask.tolist() == [0.0, 1.0, 1.0, 1.0] and not mask.requires_grad
     # the blocked state contributes no gradient, the others do
     leaf = v_theta.clone().requires_grad_(True)
-    loss, diag = art_loss(leaf, v_target, v_old, t, dt, restore_weight=0.0)
+    loss, diag = art_loss(leaf, v_target, v_old, t, dt, restore_weight=0.0, reading="away_from_target")
     (grad,) = torch.autograd.grad(loss, leaf)
     assert torch.equal(grad[0], torch.zeros(d)) and bool((grad[1:] != 0).all())
     assert diag["masked_fraction"].item() == pytest.approx(0.25)
@@ -264,9 +267,11 @@ def test_only_the_trust_region_reading_bounds_the_drift(reading):
         assert float((v.detach() - v_target).abs().max()) < 1e-4 and final > 1000 * 1e-5  # at its target
 
 
-def test_an_art_iteration_logs_the_whole_batch_mask_the_restoration_and_the_drift(small_trainer):
+def test_an_art_iteration_masks_by_the_trust_region_by_default_and_logs_the_batch_mask_and_drift(small_trainer):
     trainer = small_trainer("learner.algorithm=diffusionnft", "learner.objective=art", "learner.decay.type=0",
-                            "learner.micro_batch=5", "learner.art.trust_mask=trust_region")
+                            "learner.micro_batch=5")
+    # the default reading: the one the evidence runs measured bounding drift and holding accuracy
+    assert trainer.config.learner.art.trust_mask == "trust_region"
     losses = trainer.train_iteration(0).losses
     assert losses["window1_masked_fraction"] == 0.0 and losses["window1_restore"] == 0.0  # no drift in window 1
     # over all 2 prompts × 2 samples × ⌊0.6·4⌋ = 2 states per window, in micro-batches of 5: a share of 8 states
@@ -325,7 +330,7 @@ def test_linear_policy_learns_towards_target():
         v_old = start(x)
         v_target = art_target(v_old, guidance)
         for _ in range(60):
-            loss, diag = art_loss(policy(x), v_target, v_old, tw, dtw)
+            loss, diag = art_loss(policy(x), v_target, v_old, tw, dtw, reading="away_from_target")
             optim.zero_grad()
             loss.backward()
             optim.step()
