@@ -129,6 +129,8 @@ def run_one(config: SolRLConfig, log, resume: Path | None = None) -> list[dict[s
             update={"checkpoint_every": config.eval.every})})
     trainer = Trainer(config, run_dir=resume)
     saved = resume / POINTS_FILE if resume is not None else None
+    if resume is not None:
+        resume.mkdir(parents=True, exist_ok=True)
     if resume is not None and has_checkpoint(resume / CHECKPOINT_DIR) and saved.exists():
         trainer.resume()
         trainer.publish()

@@ -204,10 +204,11 @@ def test_a_stopped_run_continues_from_its_last_checkpoint_to_the_same_points(tmp
     def stop(*_, **__) -> None:
         raise Stopped
 
+    folder = tmp_path / "partial" / "run"  # made by the run
     with pytest.raises(Stopped):  # the first point's log comes after its checkpoint (iteration 2)
-        run_one(config, stop, tmp_path)
+        run_one(config, stop, folder)
     lines: list[str] = []
-    resumed = run_one(config, lambda line, **_: lines.append(line), tmp_path)
+    resumed = run_one(config, lambda line, **_: lines.append(line), folder)
     assert lines[0].startswith("    resumed at iteration 2") and len(lines) == 2  # then only iteration 4's point
 
     def measured(points: list[dict]) -> str:  # all but this machine's seconds; NaN compares equal as text
