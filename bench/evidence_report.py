@@ -277,7 +277,7 @@ def grpo_ema_note(runs: Runs, name: str = "flow_grpo", variant: str = GRPO_EMA_E
 
 # DiffusionART, the two readings
 
-def art_table(runs: Runs, readings: tuple[str, ...] = ART_READINGS,
+def art_table(runs: Runs, readings: tuple[str, ...] = ART_READINGS, without_pool: tuple[str, ...] = (ART_BASELINE,),
               references: tuple[str, ...] = (BASELINE, FIXED)) -> tuple[str, dict]:
     """Per reading of DiffusionART's trust mask (and, for reference, `references`): final held-out reward
     and accuracy; the deepest dip of held-out accuracy (`deepest_dip`: the accuracy, where, and the drop from
@@ -285,14 +285,16 @@ def art_table(runs: Runs, readings: tuple[str, ...] = ART_READINGS,
     after an iteration's update); window1_ and window2_masked_fraction (the share of states the trust mask
     removed); window2_restore_to_guidance (window 2's restoration (v_θ − v_old)² ÷ the guidance's
     (v* − v_old)²). The verdict compares the readings' per-seed max drift_kl and accuracy drop, mean over
-    seeds, and says whether their seed ranges overlap."""
+    seeds, and says whether their seed ranges overlap. `without_pool` (DiffusionART K-in-K, the default
+    reading) is shown with its logs when present, outside the verdict."""
     out: dict[str, Any] = {"pending": missing(runs, readings)}
     lines = ["| run | seeds | final held-out reward | final accuracy | deepest accuracy dip: accuracy @ iteration | "
              "drop from the peak before it | drift_kl mean | drift_kl max | window 1 masked | window 2 masked | "
              "window 2 restore ÷ guidance |", "|---" * 11 + "|"]
-    for name in (*readings, *references):
+    for name in (*readings, *without_pool, *references):
         if name not in runs:
-            lines.append(f"| {name} | {PENDING} |" + " — |" * 9)
+            if name not in without_pool:
+                lines.append(f"| {name} | {PENDING} |" + " — |" * 9)
             continue
         seeds = sorted(runs[name])
         pts = [runs[name][s] for s in seeds]
@@ -307,7 +309,7 @@ def art_table(runs: Runs, readings: tuple[str, ...] = ART_READINGS,
                    "window1_masked_fraction", "window2_masked_fraction", "window2_restore_to_guidance")}}
         out[name] = row
         where = ", ".join(f"{a:.3f} @ {i}" for a, i in zip(row["dip_accuracy"], row["dip_iteration"], strict=True))
-        art = name in readings
+        art = name in readings or name in without_pool
         cells = [logged(row[k], 4) if art else "—" for k in (
             "drift_kl_mean", "drift_kl_max", "window1_masked_fraction_mean", "window2_masked_fraction_mean",
             "window2_restore_to_guidance_mean")]

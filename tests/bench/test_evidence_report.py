@@ -261,6 +261,13 @@ def test_the_art_verdict_is_computed_from_drift_and_accuracy() -> None:
     assert "`sol_rl_art_trust_region` holds accuracy better" in table["verdict"]
     assert "outside the seed spread" in table["verdict"] and "does both" in table["verdict"]
     assert "| sol_rl | pending |" in text and "| diffusionnft | 2 |" in text
+    assert "diffusionnft_art" not in text  # ART without the pool: a row only when it ran, never pending
+    runs["diffusionnft_art"] = {0: art(0.3, 0.1, 0)}
+    add_modeled_cost(runs)
+    text, table = art_table(runs)
+    assert table["diffusionnft_art"]["drift_kl_max"] == [pytest.approx(0.3)] and "| diffusionnft_art | 1 |" in text
+    assert "diffusionnft_art" not in table["verdict"]
+    del runs["diffusionnft_art"]
     runs["sol_rl_art_trust_region"] = {s: art(0.1, 0.2 - 0.01 * s, s) for s in (0, 1)}  # dips overlap: no winner
     add_modeled_cost(runs)
     verdict = art_table(runs)[1]["verdict"]
