@@ -33,8 +33,9 @@ demo-local: $(STAMP)
 	$(PY) -m bench.demo --config configs/embedded.yaml
 
 test: $(STAMP)
-	# pytest exits 5 when it collects no tests: that is a failure here too.
-	$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+	# pytest exits 5 when it collects no tests: that is a failure here too. The slowest tests are listed
+	# last, so a CI log shows where the suite's time goes.
+	$(PY) -m pytest -q --durations=15 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
 # The job as its users watch it: a short job submitted to a local Ray, every Grafana query evaluated by a
 # real Prometheus, the dashboard's Jobs and Actors pages captured in headless Chromium (docs/monitoring.md).
