@@ -97,11 +97,14 @@ class FlowPolicy:
                         self._prompt_cache[prompt] = {k: v.clone() for k, v in encoded.items()}
             finally:
                 torch.set_num_threads(threads)
-        keys = self._prompt_cache[prompts[0]].keys()
-        cond = {k: torch.cat([self._prompt_cache[p][k] for p in prompts]) for k in keys}
+        cond = self.family.collate([self._prompt_cache[p] for p in prompts])
         if self.guidance is not None:
             cond["guidance"] = torch.full((len(prompts),), float(self.guidance), device=self.device)
         return cond
+
+    def unconditional(self, count: int) -> Conditioning:
+        """`count` copies of the family's negative prompt: the unconditional half of classifier-free guidance."""
+        return self.encode([self.family.negative_prompt] * count)
 
     @contextlib.contextmanager
     def _text_encoders_visiting(self) -> Iterator[None]:
@@ -129,15 +132,16 @@ class FlowPolicy:
         cfg_scale: float = 1.0,
         uncond: Conditioning | None = None,
     ) -> torch.Tensor:
-        """v(x_σ, σ | c); with cfg_scale ≠ 1: v_u + s·(v_c − v_u) against the empty prompt."""
+        """v(x_σ, σ | c); with cfg_scale ≠ 1: the family's guidance (`Family.guide`, v_u + s·(v_c − v_u)
+        unless the family's pipeline says otherwise) against the family's negative prompt."""
         model = self.transformer if transformer is None else transformer
         if cfg_scale == 1.0:
             return self.family.velocity(model, x, sigma, cond)
         if uncond is None:
-            raise ValueError("cfg_scale != 1 needs the unconditional (empty prompt) conditioning")
-        both = {k: torch.cat([uncond[k], cond[k]]) for k in cond}
+            raise ValueError("cfg_scale != 1 needs the unconditional (negative prompt) conditioning")
+        both = self.family.collate([uncond, cond])
         v_u, v_c = self.family.velocity(model, torch.cat([x, x]), torch.cat([sigma, sigma]), both).chunk(2)
-        return v_u + cfg_scale * (v_c - v_u)
+        return self.family.guide(v_u, v_c, cfg_scale)
 
     def sigmas(self, steps: int, shift: float | None = None) -> torch.Tensor:
         """The family's σ grid for this policy's latent shape (`shift` overrides the policy's)."""
@@ -196,7 +200,7 @@ class FlowPolicy:
     def _sample_batch(self, prompts, seeds, sigmas, solver, cfg_scale, transformer, return_states, noise_level,
                       first_step, sigma_max, start):
         cond = self.encode(prompts)
-        uncond = self.encode([""] * len(prompts)) if cfg_scale != 1.0 else None
+        uncond = self.unconditional(len(prompts)) if cfg_scale != 1.0 else None
         noise = initial_noise(seeds, self.latent_shape, device=self.device) if start is None else start.to(self.device)
 
         def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:

@@ -69,13 +69,13 @@ class UpdateContext:
 
     def velocity(self, model: nn.Module, x: torch.Tensor, sigma: torch.Tensor, prompts: list[str], *,
                  cfg_scale: float = 1.0, counted: bool = True) -> torch.Tensor:
-        """v of `model` at (x, σ) for `prompts`; with cfg_scale ≠ 1 guided against the empty prompt (two
+        """v of `model` at (x, σ) for `prompts`; with cfg_scale ≠ 1 guided against the negative prompt (two
         forwards). `counted`: whether the passes count as training work (a diagnostic's do not)."""
         dev, cond = self.policy.device, self.policy.encode(prompts)
         uncond = None
         if cfg_scale != 1.0:
             if len(prompts) not in self._uncond:
-                self._uncond[len(prompts)] = self.policy.encode([""] * len(prompts))
+                self._uncond[len(prompts)] = self.policy.unconditional(len(prompts))
             uncond = self._uncond[len(prompts)]
         if counted:  # the cost model of bench.convergence charges training by these (a backward ≈ two forwards)
             self.passes += x.shape[0] * (3 if torch.is_grad_enabled() else 1) * (1 if uncond is None else 2)

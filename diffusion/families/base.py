@@ -50,6 +50,7 @@ class Family:
     note: str = ""
     text_components: tuple[str, ...] = field(default=())
     default_guidance: float | None = None  # a distilled guidance input of the transformer (FLUX)
+    negative_prompt: str = ""  # the unconditional prompt of classifier-free guidance
 
     def _unsupported(self) -> NotImplementedError:
         return NotImplementedError(f"model family {self.name!r} is not supported yet: {self.note}")
@@ -64,6 +65,15 @@ class Family:
     ) -> torch.Tensor:
         """v(x_σ, σ | c) for image-shaped latents x [B, C, h, w] and σ [B] in [0, 1]."""
         raise self._unsupported()
+
+    def collate(self, conds: Sequence[Conditioning]) -> Conditioning:
+        """One batch from per-prompt conditionings (each batch first): concatenated on the batch axis.
+        A family whose prompts encode to different lengths pads them here (Qwen-Image)."""
+        return {k: torch.cat([c[k] for c in conds]) for k in conds[0]}
+
+    def guide(self, v_uncond: torch.Tensor, v_cond: torch.Tensor, scale: float) -> torch.Tensor:
+        """Classifier-free guidance of image-shaped velocities: v_u + s·(v_c − v_u)."""
+        return v_uncond + scale * (v_cond - v_uncond)
 
     # ---- latents ----------------------------------------------------------------------------------
     def vae_scale(self, components: Mapping[str, Any]) -> int:

@@ -39,6 +39,38 @@ def latent_image_ids(height: int, width: int, *, device: torch.device, dtype: to
     return ids.reshape(rows * cols, 3).to(device=device, dtype=dtype)
 
 
+def dynamic_shift_sigmas(steps: int, scheduler: Mapping[str, Any], tokens: int, shift: float | None = None
+                         ) -> torch.Tensor:
+    """The σ grid of `FluxPipeline.__call__` (and `QwenImagePipeline.__call__`, which builds it the same
+    way), made by diffusers' own scheduler from the folder's config so it matches bit for bit:
+    `set_timesteps(sigmas=linspace(1, 1/steps, steps), mu=calculate_shift(tokens, ...))` with the config's
+    base/max shift and sequence lengths (and whatever else the config sets: Qwen-Image's exponential time
+    shift and terminal σ); `tokens` is the packed image token count. `shift` given: that static shift
+    instead of the dynamic one."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    config = dict(scheduler)
+    if shift is not None:
+        if shift <= 0:
+            raise ValueError(f"shift must be > 0, got {shift}")
+        config.update(shift=float(shift), use_dynamic_shifting=False)
+    flow = FlowMatchEulerDiscreteScheduler.from_config(config)
+    mu = None
+    if flow.config.use_dynamic_shifting:
+        mu = calculate_shift(
+            tokens,
+            flow.config.get("base_image_seq_len", 256),
+            flow.config.get("max_image_seq_len", 4096),
+            flow.config.get("base_shift", 0.5),
+            flow.config.get("max_shift", 1.15),
+        )
+    flow.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    return flow.sigmas.to(torch.float32).clone()
+
+
 @dataclass(frozen=True)
 class FluxFamily(Family):
     """FLUX.1 (`FluxTransformer2DModel`), as diffusers' `FluxPipeline` runs it.
@@ -122,33 +154,9 @@ class FluxFamily(Family):
 
     def sigmas(self, steps: int, scheduler: Mapping[str, Any], latent_shape: tuple[int, int, int],
                shift: float | None = None) -> torch.Tensor:
-        """The pipeline's grid, built by diffusers' own scheduler from the folder's config so it matches
-        bit for bit: `set_timesteps(sigmas=linspace(1, 1/steps, steps), mu=calculate_shift(h/2 · w/2, ...))`
-        with the config's base/max shift and sequence lengths; `shift` given: that static shift instead."""
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
-        from diffusers import FlowMatchEulerDiscreteScheduler
-        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-
-        config = dict(scheduler)
-        if shift is not None:
-            if shift <= 0:
-                raise ValueError(f"shift must be > 0, got {shift}")
-            config.update(shift=float(shift), use_dynamic_shifting=False)
-        flow = FlowMatchEulerDiscreteScheduler.from_config(config)
-        mu = None
-        if flow.config.use_dynamic_shifting:
-            _, h, w = latent_shape
-            mu = calculate_shift(
-                (h // 2) * (w // 2),
-                flow.config.get("base_image_seq_len", 256),
-                flow.config.get("max_image_seq_len", 4096),
-                flow.config.get("base_shift", 0.5),
-                flow.config.get("max_shift", 1.15),
-            )
-        flow.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
-        return flow.sigmas.to(torch.float32).clone()
-
+        """`dynamic_shift_sigmas` for this latent's packed token count."""
+        _, h, w = latent_shape
+        return dynamic_shift_sigmas(steps, scheduler, (h // 2) * (w // 2), shift)
 
 FLUX = FluxFamily(
     name="flux",

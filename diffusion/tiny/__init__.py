@@ -1,6 +1,6 @@
 """Tiny, randomly initialised but complete pipelines of every model family, in diffusers' format.
 
-    python -m diffusion.tiny --family sd3|flux|sana --out DIR [--seed 0]
+    python -m diffusion.tiny --family sd3|flux|sana|qwen_image --out DIR [--seed 0]
 
 Each is the family's real architecture at toy sizes (the transformer, its text encoders with
 word-level tokenizers built offline, its VAE, its scheduler), seeded, saved with `save_pretrained`
@@ -16,10 +16,13 @@ from pathlib import Path
 from diffusers import DiffusionPipeline
 
 from diffusion.tiny.flux import build_flux
+from diffusion.tiny.qwen_image import build_qwen_image
 from diffusion.tiny.sana import build_sana
 from diffusion.tiny.sd3 import build_sd3
 
-BUILDERS: dict[str, Callable[[int], DiffusionPipeline]] = {"sd3": build_sd3, "flux": build_flux, "sana": build_sana}
+BUILDERS: dict[str, Callable[[int], DiffusionPipeline]] = {
+    "sd3": build_sd3, "flux": build_flux, "sana": build_sana, "qwen_image": build_qwen_image,
+}
 
 
 def build_tiny_pipeline(family: str, seed: int = 0) -> DiffusionPipeline:

@@ -1,4 +1,4 @@
-"""python -m diffusion.tiny --family sd3|flux|sana --out DIR [--seed 0]"""
+"""python -m diffusion.tiny --family sd3|flux|sana|qwen_image --out DIR [--seed 0]"""
 
 from __future__ import annotations
 
