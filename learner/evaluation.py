@@ -78,6 +78,12 @@ def plain_transformer(template: torch.nn.Module, weights: dict[str, torch.Tensor
         if buffer.is_meta:  # a non-persistent buffer is in no state dict: take the template's own
             module, _, attribute = name.rpartition(".")
             model.get_submodule(module).register_buffer(attribute, own[name], persistent=False)
+    # Constant tensors kept as plain attributes are in neither (Qwen-Image's RoPE tables, `QwenEmbedRope`).
+    modules = dict(template.named_modules())
+    for name, module in model.named_modules():
+        for attribute, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and value.is_meta:
+                setattr(module, attribute, getattr(modules[name], attribute))
     return model.eval().requires_grad_(False)
 
 

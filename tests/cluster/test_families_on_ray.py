@@ -1,6 +1,6 @@
 """The whole job on each model family's tiny real pipeline, in latent space, on a real local Ray.
 
-For SD3.5, FLUX.1 and SANA folders (`diffusion.tiny`), with the JPEG-compressibility reward and a
+For SD3.5, FLUX.1, SANA and Qwen-Image folders (`diffusion.tiny`), with the JPEG-compressibility reward and a
 prompt file: `python -m cluster.launch` with one explorer runs each to the end, and one and two explorers
 give bitwise the single-process trainer's weights. Resumes per family: tests/learner/test_export.py.
 """
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("no_leftover_actors")]
 
-FAMILIES = ["sd3", "flux", "sana"]
+FAMILIES = ["sd3", "flux", "sana", "qwen_image"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

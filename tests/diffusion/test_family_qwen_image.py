@@ -109,7 +109,8 @@ def test_sigmas_static_shift_and_resolution(qwen):
     assert QWEN_IMAGE.vae_scale(policy.components) == pipe.vae_scale_factor == 2
 
 
-def test_dpm_sampling_and_the_nvfp4_engine(qwen):
+@pytest.mark.parametrize(("precision", "backend"), [("nvfp4", "auto"), ("fp8", "auto"), ("fp8", "torchao")])
+def test_dpm_sampling_and_the_low_precision_engines(qwen, precision, backend):
     _, _, policy = qwen
     seeds = candidate_seeds(0, 1, 0, len(PROMPTS))
     full = policy.sample(PROMPTS, seeds, steps=4, solver="dpm2").x0
@@ -117,7 +118,8 @@ def test_dpm_sampling_and_the_nvfp4_engine(qwen):
     images = policy.decode(full)
     assert images.shape == (2, 3, RESOLUTION, RESOLUTION) and torch.isfinite(images).all()
 
-    engine = ExploreEngine(policy, ExploreConfig(precision="nvfp4", min_dim=0, skip=None, allow_emulation=True))
+    config = ExploreConfig(precision=precision, backend=backend, min_dim=0, skip=None, allow_emulation=True)
+    engine = ExploreEngine(policy, config)
     assert engine.plan.linears and not any(s in n for n in engine.plan.linears for s in QWEN_IMAGE.quant.skip)
     low = policy.sample(PROMPTS, seeds, steps=4, solver="dpm2", transformer=engine.module).x0
     assert torch.isfinite(low).all() and not torch.allclose(low, full)
@@ -129,3 +131,16 @@ def test_lora_targets_name_modules_of_the_transformer(qwen):
     names = [name for name, _ in policy.transformer.named_modules()]
     for target in QWEN_IMAGE.lora_targets:
         assert any(name.endswith(target) for name in names), target
+
+
+def test_a_plain_transformer_made_on_the_meta_device_keeps_the_rope_tables(qwen):
+    """`QwenEmbedRope` keeps its tables as plain tensor attributes, in no state dict: rebuilt on the meta device
+    (`plain_transformer`, how evaluation and export make the transformer), they come from the template."""
+    from learner.evaluation import plain_transformer
+
+    _, _, policy = qwen
+    model = plain_transformer(policy.transformer, dict(policy.transformer.state_dict()))
+    assert not model.pos_embed.pos_freqs.is_meta and not model.pos_embed.neg_freqs.is_meta
+    cond = policy.encode(PROMPTS)
+    x, sigma = torch.randn(2, *policy.latent_shape), torch.tensor([0.8, 0.3])
+    assert torch.equal(policy.velocity(x, sigma, cond, transformer=model), policy.velocity(x, sigma, cond))

@@ -1,6 +1,6 @@
 """The official layer rule: substring skips, max(in, out) <= min_dim, 1×1 convs; on the real models.
 
-SD3.5-Large, FLUX.1-dev and SANA 1.6B are built on the meta device (no weights, a few seconds) with
+SD3.5-Large, FLUX.1-dev, SANA 1.6B and Qwen-Image are built on the meta device (no weights, a few seconds) with
 their published transformer configs, and the exact lists the rule gives are checked against lists
 derived independently from the rule's description.
 """
@@ -12,7 +12,7 @@ import torch
 from engines import quantize, quantized_layer_names
 from torch import nn
 
-from diffusion.families import FLUX, SANA, SD3
+from diffusion.families import FLUX, QWEN_IMAGE, SANA, SD3
 from diffusion.quant import (
     eligible_conv1x1_names,
     eligible_layers,
@@ -167,3 +167,30 @@ def test_sana_has_no_eligible_linear_and_quantizes_its_ffn_convs() -> None:
         "time_embed.linear",
         "caption_projection.linear_1",
     ]
+
+
+def test_qwen_image_quantizes_exactly_the_240_ffn_linears_of_its_60_blocks() -> None:
+    """Qwen/Qwen-Image's transformer config (diffusers' defaults for the class: 60 dual-stream blocks, width
+    24 × 128 = 3072, text width 3584): the rule keeps the embedders, the AdaLN modulations, the output
+    projection and every 3072×3072 attention projection in high precision, and replaces the FFNs of both
+    streams (3072 → 12288 → 3072)."""
+    from diffusers import QwenImageTransformer2DModel
+
+    with torch.device("meta"):
+        qwen = QwenImageTransformer2DModel(
+            patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56),
+        )
+    quant = QWEN_IMAGE.quant
+    every = linears(qwen)
+    per_block = ("img_mod.1", "txt_mod.1", "attn.to_q", "attn.to_k", "attn.to_v", "attn.add_k_proj",
+                 "attn.add_v_proj", "attn.add_q_proj", "attn.to_out.0", "attn.to_add_out", "img_mlp.net.0.proj",
+                 "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+    assert sorted(every) == sorted(
+        ["img_in", "txt_in", "time_text_embed.timestep_embedder.linear_1",
+         "time_text_embed.timestep_embedder.linear_2", "norm_out.linear", "proj_out"]
+        + [f"transformer_blocks.{i}.{layer}" for i in range(60) for layer in per_block])
+    names = eligible_linear_names(qwen, skip=quant.skip, min_dim=quant.min_dim)
+    assert names == [f"transformer_blocks.{i}.{stream}_mlp.{layer}"
+                     for i in range(60) for stream in ("img", "txt") for layer in ("net.0.proj", "net.2")]
+    assert eligible_layers(qwen, skip=quant.skip, min_dim=quant.min_dim, conv1x1=True).convs == ()

@@ -21,7 +21,7 @@ from learner.export import merged_weights
 from learner.rollouts import Sampling, generate
 from learner.trainer import Trainer
 
-FAMILIES = ["sd3", "flux", "sana"]
+FAMILIES = ["sd3", "flux", "sana", "qwen_image"]
 PROMPT = "a red cat"
 
 
@@ -98,6 +98,12 @@ def pipeline_images(family: str, pipe, latents: torch.Tensor, policy) -> torch.T
                     **kwargs).images
     if family == "sana":
         return pipe([PROMPT], latents=latents, use_resolution_binning=False, **kwargs).images
+    if family == "qwen_image":
+        from diffusion.families.flux import pack_latents
+
+        del kwargs["guidance_scale"]  # Qwen-Image is not guidance-distilled; true CFG is off at 1
+        return pipe([PROMPT], latents=pack_latents(latents), true_cfg_scale=1.0,
+                    max_sequence_length=policy.family.max_sequence_length, **kwargs).images
     return pipe([PROMPT], latents=latents, max_sequence_length=128, **kwargs).images
 
 
