@@ -24,7 +24,7 @@ from torch import nn
 
 from cluster.check import estimate_memory
 from cluster.config.loading import load_config
-from diffusion.families import FLUX, SANA, SD3
+from diffusion.families import FLUX, QWEN_IMAGE, SANA, SD3
 
 CLIP_L = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
               num_attention_heads=12, max_position_embeddings=77, projection_dim=768)
@@ -44,6 +44,15 @@ SD35_MEDIUM = dict(sample_size=128, patch_size=2, in_channels=16, out_channels=1
                    num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536,
                    pooled_projection_dim=2048, pos_embed_max_size=384, qk_norm="rms_norm",
                    dual_attention_layers=tuple(range(13)))
+# Qwen/Qwen-Image's text_encoder: Qwen2.5-VL-7B-Instruct (the whole model the pipeline loads, vision tower and
+# LM head included). Its transformer and VAE configs are diffusers' class defaults.
+QWEN25_VL_7B = dict(
+    text_config=dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                     num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}),
+    vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                       fullatt_block_indexes=[7, 15, 23, 31], window_size=112),
+    tie_word_embeddings=False)
 FLUX_DEV = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
                 num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True)
 
@@ -67,11 +76,14 @@ def models() -> dict[str, tuple]:
         flux_text = {"text_encoder": _count(clip_l_plain), "text_encoder_2": _count(t5)}
         gemma = {"text_encoder": _count(tf.Gemma2Model(tf.Gemma2Config(**GEMMA2_2B)))}
         dc = diffusers.AutoencoderDC()  # its defaults are SANA's DC-AE f32c32
+        qwen_vl = {"text_encoder": _count(tf.Qwen2_5_VLForConditionalGeneration(tf.Qwen2_5_VLConfig(**QWEN25_VL_7B)))}
         return {
             "sd35_large": (SD3, diffusers.SD3Transformer2DModel(**SD35_LARGE), sd3_text, kl),
             "sd35_medium": (SD3, diffusers.SD3Transformer2DModel(**SD35_MEDIUM), sd3_text, kl),
             "flux_dev": (FLUX, diffusers.FluxTransformer2DModel(**FLUX_DEV), flux_text, kl),
             "sana_1600m": (SANA, diffusers.SanaTransformer2DModel(), gemma, dc),
+            "qwen_image": (QWEN_IMAGE, diffusers.QwenImageTransformer2DModel(), qwen_vl,
+                           diffusers.AutoencoderKLQwenImage()),
         }
 
 

@@ -1,6 +1,6 @@
 """Capacity plan: how to split G GPUs between explorers and learners, from per-phase costs.
 
-    python -m bench.plan --gpus G [--model sd35_large|flux_dev|sana_1600m] [--costs FILE]
+    python -m bench.plan --gpus G [--model sd35_large|flux_dev|sana_1600m|qwen_image] [--costs FILE]
                          [--learner-efficiency 1.0] [--json FILE]
 
 An iteration has three phases (learner/trainer.py, cluster/driver.py): explore (P prompts × N
@@ -39,6 +39,8 @@ P = 48, N = 96, K = 24, S_x = 6, S_r = 10 as in the presets (`bench.prices` deri
         This gives c_x / c_b = 0.73 for FLUX and 1.06 for SANA at the default d (0.80 and 1.10 at d = 0):
         at 512 px and 1.6B parameters the FP4 step saves little or nothing, and the rollout gain comes
         from the fewer steps. Assumptions, not measurements: measure and pass --costs.
+    qwen_image (not in the paper): SD3.5-L's step and training prices × the transformers' parameter ratio
+        (20.43B / 8.15B) at the same 1024 px, d unscaled (`bench.prices.scaled_model_costs`). An estimate.
 
 Layout of one iteration (wall seconds; W_x = P·g, W_r = P·r, W_t = P·K·c_t; g = N·S_x·c_x + N·d one
 prompt's exploration on one GPU (with successive halving, `Shape.halving`: (N·f + M·(S_x − f))·c_x +
@@ -111,11 +113,13 @@ from bench.prices import (
     Costs,
     measured_note,
     paper_model_costs,
+    scaled_model_costs,
 )
 from learner.data_parallel import owner_of, slot_balance
 
 Mode = Literal["sync", "async"]
-MODELS = ("sd35_large", "flux_dev", "sana_1600m")
+MODELS = ("sd35_large", "flux_dev", "sana_1600m")  # Table 5's
+ESTIMATED_MODELS = ("qwen_image",)  # priced from SD3.5-L's by parameters (`bench.prices.scaled_model_costs`)
 
 
 REQUIRED = ("explore_s_per_sample_step", "regen_s_per_sample_step", "train_s_per_sample")
@@ -164,10 +168,13 @@ class PlanError(ValueError):
 
 def paper_costs(model: str, d: float = D_DEFAULT) -> Costs:
     """The default costs of `model`, derived from Table 5 (`bench.prices.paper_model_costs`) at SD3.5-L's
-    decode + reward price `d` (default: the midpoint of the bracket Table 5 leaves open)."""
+    decode + reward price `d` (default: the midpoint of the bracket Table 5 leaves open); for a model beyond
+    the paper (`ESTIMATED_MODELS`), SD3.5-L's scaled by transformer parameters."""
+    if model in ESTIMATED_MODELS:
+        return scaled_model_costs(model, d)
     if model not in PAPER_ROLLOUT_S:
-        raise PlanError(f"unknown model {model!r}: the paper's Table 5 covers {', '.join(MODELS)}; "
-                        "pick one of them or pass measured costs with --costs FILE")
+        raise PlanError(f"unknown model {model!r}: the paper's Table 5 covers {', '.join(MODELS)} (estimated: "
+                        f"{', '.join(ESTIMATED_MODELS)}); pick one of them or pass measured costs with --costs FILE")
     return paper_model_costs(model, d)
 
 
@@ -418,7 +425,7 @@ def format_table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus", type=int, required=True, help="GPUs in the job (explorers + learners)")
-    parser.add_argument("--model", choices=MODELS, default="sd35_large",
+    parser.add_argument("--model", choices=MODELS + ESTIMATED_MODELS, default="sd35_large",
                         help="preset (its prompts, N, K, steps) and the paper's costs for it")
     parser.add_argument("--costs", type=Path, default=None, help="JSON of measured costs instead of the paper's")
     parser.add_argument("--learner-efficiency", type=float, default=1.0,
@@ -432,7 +439,9 @@ def main(argv: list[str] | None = None) -> None:
     except PlanError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     result["model"] = args.model
-    result["costs_source"] = "file" if args.costs is not None else "paper Table 5"
+    result["costs_source"] = "file" if args.costs is not None else (
+        "SD3.5-L's Table 5 scaled by transformer parameters (an estimate)" if args.model in ESTIMATED_MODELS
+        else "paper Table 5")
     print(f"{args.model}, {args.gpus} GPUs, costs from {result['costs_source']}")
     note = measured_note(costs) if args.costs is not None else (
         f"prices (GPU-s): c_x {costs.explore_s_per_sample_step:.4g}/step, c_r {costs.regen_s_per_sample_step:.4g}"

@@ -56,6 +56,13 @@ FLUX.1-dev and SANA 1.6B (`paper_model_costs`): Table 5 gives only their rollout
 Sol-RL 169 s for FLUX, 95 s → 76 s for SANA). Assumed: c_r, c_t and d are SD3.5-L's multiples of the naive
 per-image cost (the naive rollout ratio, 274/451 and 95/451, scales all three); c_x takes the rest of the
 Sol-RL rollout: 6·c_x + d = (rollout·8/48 − 24·(10·c_r + d)) / 96.
+
+Qwen-Image (`scaled_model_costs`, beyond the paper): no published timings. Estimated: at SD3.5-L's
+resolution (1024 px, 4096 image tokens for both) a step and a training pass cost SD3.5-L's times the ratio
+of the transformers' parameters (20.43B / 8.15B = 2.508: the Linears, which dominate an MMDiT's FLOPs,
+scale with them; attention's smaller share does not, so this is an estimate); d stays SD3.5-L's (the VAE
+decode and the reward are outside the transformer). The split `bench.plan` finds depends on the phases'
+ratios, which this keeps; the times are estimates to be replaced by `--costs` from a run.
 """
 
 from __future__ import annotations
@@ -144,6 +151,19 @@ def paper_model_costs(model: str, d: float = D_DEFAULT) -> Costs:
     return Costs(explore_s_per_sample_step=(explore_image - d_model) / PAPER_EXPLORE_STEPS,
                  regen_s_per_sample_step=regen, train_s_per_sample=TRAIN_SAMPLE_S * scale,
                  decode_reward_s_per_image=d_model)
+
+
+# Transformer parameters, counted on the published configs built on the meta device (tests/bench/test_prices.py).
+TRANSFORMER_PARAMS = {"sd35_large": 8_146_280_768, "qwen_image": 20_430_401_088}
+
+
+def scaled_model_costs(model: str, d: float = D_DEFAULT) -> Costs:
+    """A model beyond Table 5 at 1024 px: SD3.5-L's step and training prices × its transformer's parameters ÷
+    SD3.5-L's, d unscaled (the module docstring). Raises KeyError for a model without a parameter count."""
+    sd35, scale = sd35_costs(d), TRANSFORMER_PARAMS[model] / TRANSFORMER_PARAMS["sd35_large"]
+    return Costs(explore_s_per_sample_step=sd35.explore_s_per_sample_step * scale,
+                 regen_s_per_sample_step=sd35.regen_s_per_sample_step * scale,
+                 train_s_per_sample=sd35.train_s_per_sample * scale, decode_reward_s_per_image=d)
 
 
 # The counted work (`learner.iteration_record.Work`, whose fields these are) and its prices.

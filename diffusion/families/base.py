@@ -1,4 +1,5 @@
-"""What a model family is: the parts of a text-to-image flow model that differ between SD3, FLUX and SANA.
+"""What a model family is: the parts of a text-to-image flow model that differ between SD3, FLUX, SANA and
+Qwen-Image.
 
 A family turns prompts into the transformer's conditioning, calls its transformer for a velocity,
 says the sampler's latent shape and σ grid for a resolution, decodes latents to images, and names
@@ -89,6 +90,12 @@ class Family:
             raise ValueError(f"resolution {resolution} must be a multiple of {scale * config.patch_size}")
         size = config.sample_size if resolution is None else resolution // scale
         return (config.in_channels, size, size)
+
+    def image_tokens(self, latent_shape: tuple[int, int, int], transformer_config: Any) -> int:
+        """The transformer's image tokens for one latent: its cells grouped by the patch size (FLUX's 2×2
+        packing shows in `in_channels`, 4 latent channels per token)."""
+        channels, h, w = latent_shape
+        return h * w * channels // (transformer_config.in_channels * transformer_config.patch_size**2)
 
     def sigmas(self, steps: int, scheduler: Mapping[str, Any], latent_shape: tuple[int, int, int],
                shift: float | None = None) -> torch.Tensor:

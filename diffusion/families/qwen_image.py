@@ -123,6 +123,12 @@ class QwenImageFamily(Family):
             size = resolution // scale
         return (config.in_channels // 4, size, size)
 
+    def image_tokens(self, latent_shape: tuple[int, int, int], transformer_config: Any) -> int:
+        """One token per 2×2 patch: the pipeline packs (`in_channels` = 4·C) and the transformer's own
+        `patch_size` (2) describes that packing, not a second one."""
+        _, h, w = latent_shape
+        return (h // 2) * (w // 2)
+
     def sigmas(self, steps: int, scheduler: Mapping[str, Any], latent_shape: tuple[int, int, int],
                shift: float | None = None) -> torch.Tensor:
         _, h, w = latent_shape

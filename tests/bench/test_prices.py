@@ -22,6 +22,7 @@ from bench.prices import (
     naive_step_s,
     paper_model_costs,
     prices_at,
+    scaled_model_costs,
     score_price_at,
     sd35_costs,
 )
@@ -115,6 +116,29 @@ def test_flux_and_sana_keep_their_rollout_totals_at_every_d(model: str, naive_s:
     if d == D_LOW:  # the step prices the plan had before d was separated
         assert (costs.explore_s_per_sample_step, costs.regen_s_per_sample_step) == pytest.approx(
             {"flux_dev": (0.03800, 0.02616), "sana_1600m": (0.01821, 0.00907)}[model], abs=1e-5)
+
+
+def test_qwen_image_is_priced_as_sd35_large_scaled_by_its_transformers_parameters() -> None:
+    """The parameter counts are those of the published configs (built on the meta device); the steps and the
+    training scale by their ratio, decode + reward does not; the phases keep SD3.5-L's shares otherwise."""
+    import diffusers
+    import torch
+
+    from bench.memory import SD35_LARGE
+
+    with torch.device("meta"):
+        counted = {"sd35_large": diffusers.SD3Transformer2DModel(**SD35_LARGE),
+                   "qwen_image": diffusers.QwenImageTransformer2DModel()}
+    assert {k: sum(t.numel() for t in m.state_dict().values()) for k, m in counted.items()} == prices.TRANSFORMER_PARAMS
+    scale = prices.TRANSFORMER_PARAMS["qwen_image"] / prices.TRANSFORMER_PARAMS["sd35_large"]
+    assert scale == pytest.approx(2.508, abs=1e-3)
+    for d in BRACKET:
+        qwen, sd35 = scaled_model_costs("qwen_image", d), sd35_costs(d)
+        assert (qwen.explore_s_per_sample_step, qwen.regen_s_per_sample_step, qwen.train_s_per_sample) == \
+            pytest.approx((sd35.explore_s_per_sample_step * scale, sd35.regen_s_per_sample_step * scale,
+                           sd35.train_s_per_sample * scale))
+        assert qwen.decode_reward_s_per_image == d
+    assert paper_costs("qwen_image") == scaled_model_costs("qwen_image")
 
 
 def test_a_measured_file_without_d_says_so() -> None:

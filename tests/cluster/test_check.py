@@ -26,7 +26,7 @@ def test_the_embedded_preset_passes_every_check(capsys):
     assert "8 of 60 Linears in nvfp4: 0.1 M of 0.6 M transformer parameters (23%)" in out
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux", "sana"])
+@pytest.mark.parametrize("family", ["sd3", "flux", "sana", "qwen_image"])
 def test_each_family_reports_its_layer_plan(family, tiny_folder):
     rows = rows_by_check(load_config("configs/embedded.yaml", [f"model.path={tiny_folder(family)}",
                                                                "prompts.source=configs/prompts/train.txt",
@@ -56,6 +56,21 @@ def test_a_preset_on_a_cpu_machine_warns_about_gpus_and_nothing_quantized_fails(
     assert "warn  resources  bundles need 8 GPU, 64 CPU" in out
     assert "FAIL  plan       0 of " in out and "nothing would run in low precision" in out  # tiny < min dim 1000
     assert "plus the reward models' 1.50 GiB of weights on each explorer and the learner" in out
+
+
+def test_the_qwen_image_preset_checks_against_the_tiny_folder_with_only_its_model_path_changed(tiny_folder, tmp_path,
+                                                                                               capsys):
+    """Every row passes or warns (no GPU here, 48 slots over 5 learners) but the layer plan, which fails because
+    the tiny folder's Linears are narrower than the family's 3072 minimum; with that lowered it passes too."""
+    with open(tmp_path / "HPS_v2.1_compressed.pt", "wb") as sparse:
+        sparse.truncate(2**20)
+    sets = ["--set", f"model.path={tiny_folder('qwen_image')}", "--set", f"reward.options.hpsv2.path={tmp_path}"]
+    assert main(["--config", "configs/qwen_image.yaml", *sets]) == 1
+    out, err = capsys.readouterr()
+    assert "1 check(s) failed: plan" in err and "FAIL  plan       0 of 34 Linears in nvfp4" in out
+    assert main(["--config", "configs/qwen_image.yaml", *sets, "--set", "explore.min_dim=0"]) == 0
+    out = capsys.readouterr().out
+    assert "ok    plan       24 of 34 Linears in nvfp4" in out and "ok    memory" in out and "FAIL" not in out
 
 
 def test_a_bad_config_is_exit_2(capsys):

@@ -1,4 +1,5 @@
-"""The paper presets: each validates, carries the official hyperparameters, and needs only its model path."""
+"""The presets (the paper's, and Qwen-Image on SD3.5-L's settings): each validates, carries the official
+hyperparameters, and needs only its model path."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ PRESETS = {
     "sd35_medium": ("sd3", 512, "dpm2", 0.6, 1.0, 40),
     "flux_dev": ("flux", 512, "dpm2", 0.4, 1.0, 28),
     "sana_1600m": ("sana", 1024, "euler", 0.6, 1.0, 40),
+    "qwen_image": ("qwen_image", 1024, "dpm2", 0.6, 0.002, 40),  # not in the paper: SD3.5-L's settings
 }
 
 

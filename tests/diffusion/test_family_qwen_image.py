@@ -107,6 +107,13 @@ def test_sigmas_static_shift_and_resolution(qwen):
         QWEN_IMAGE.latent_shape(policy.components, 18)
     assert QWEN_IMAGE.latent_shape(policy.components, None) == (4, 128, 128)  # the pipeline's default sample size
     assert QWEN_IMAGE.vae_scale(policy.components) == pipe.vae_scale_factor == 2
+    # one image token per 2×2 patch of latent cells: 4096 at 1024 px (128×128 cells), as FLUX
+    assert QWEN_IMAGE.image_tokens((16, 128, 128), policy.transformer.config) == 4096
+    assert QWEN_IMAGE.image_tokens(policy.latent_shape, policy.transformer.config) == packed_tokens(policy) == 16
+
+
+def packed_tokens(policy) -> int:
+    return pack_latents(torch.zeros(1, *policy.latent_shape)).shape[1]
 
 
 @pytest.mark.parametrize(("precision", "backend"), [("nvfp4", "auto"), ("fp8", "auto"), ("fp8", "torchao")])
