@@ -29,6 +29,20 @@ def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tenso
     return tokens.reshape(b, height // 2, width // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, height, width)
 
 
+def packed_latent_shape(transformer_config: Any, vae_scale: int, resolution: int | None, default_size: int
+                        ) -> tuple[int, int, int]:
+    """(in_channels / 4, h, h) for a transformer on packed 2×2 patches (FLUX, Qwen-Image): a token holds 4 latent
+    channels' patch and h must be even, so `resolution` must be a multiple of 2·vae_scale (the pipelines warn
+    and round down instead). None: the pipeline's `default_size` cells per side."""
+    if resolution is None:
+        size = default_size
+    elif resolution % (2 * vae_scale):
+        raise ValueError(f"resolution {resolution} must be a multiple of {2 * vae_scale} (2 × the VAE's scale)")
+    else:
+        size = resolution // vae_scale
+    return (transformer_config.in_channels // 4, size, size)
+
+
 def latent_image_ids(height: int, width: int, *, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """RoPE positions of the packed tokens, [(h/2)·(w/2), 3]: (0, patch row, patch column) for latents of
     `height`×`width` cells — `FluxPipeline._prepare_latent_image_ids` on the patch grid."""
@@ -139,18 +153,9 @@ class FluxFamily(Family):
         return unpack_latents(out, height, width)
 
     def latent_shape(self, components: Mapping[str, Any], resolution: int | None) -> tuple[int, int, int]:
-        """(in_channels / 4, h, h): a packed token holds 4 latent channels' 2×2 patch, and h must be even,
-        so `resolution` must be a multiple of 2·vae_scale (the pipeline warns and rounds down instead:
-        `FluxPipeline.check_inputs` / `prepare_latents`). None: the pipeline's default_sample_size."""
-        config = components["transformer"].config
-        scale = self.vae_scale(components)
-        if resolution is None:
-            size = self.default_sample_size
-        elif resolution % (2 * scale):
-            raise ValueError(f"resolution {resolution} must be a multiple of {2 * scale} (2 × the VAE's scale)")
-        else:
-            size = resolution // scale
-        return (config.in_channels // 4, size, size)
+        """`packed_latent_shape` (`FluxPipeline.check_inputs` / `prepare_latents`)."""
+        return packed_latent_shape(components["transformer"].config, self.vae_scale(components), resolution,
+                                   self.default_sample_size)
 
     def sigmas(self, steps: int, scheduler: Mapping[str, Any], latent_shape: tuple[int, int, int],
                shift: float | None = None) -> torch.Tensor:

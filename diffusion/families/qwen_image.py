@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from diffusion.families.base import Conditioning, Family, QuantPolicy
-from diffusion.families.flux import dynamic_shift_sigmas, pack_latents, unpack_latents
+from diffusion.families.flux import dynamic_shift_sigmas, pack_latents, packed_latent_shape, unpack_latents
 
 # `QwenImagePipeline.__init__`: the chat template every prompt is wrapped in, and how many of its leading
 # tokens (the system turn and "<|im_start|>user\n") are dropped from the encoder's output.
@@ -110,18 +110,9 @@ class QwenImageFamily(Family):
         return 2 ** len(vae.config.temperal_downsample) if vae is not None else 8
 
     def latent_shape(self, components: Mapping[str, Any], resolution: int | None) -> tuple[int, int, int]:
-        """(in_channels / 4, h, h): a packed token holds 4 latent channels' 2×2 patch, so `resolution` must
-        be a multiple of 2·vae_scale (the pipeline warns and rounds down instead). None: the pipeline's
-        default_sample_size."""
-        config = components["transformer"].config
-        scale = self.vae_scale(components)
-        if resolution is None:
-            size = self.default_sample_size
-        elif resolution % (2 * scale):
-            raise ValueError(f"resolution {resolution} must be a multiple of {2 * scale} (2 × the VAE's scale)")
-        else:
-            size = resolution // scale
-        return (config.in_channels // 4, size, size)
+        """`packed_latent_shape` (`QwenImagePipeline.check_inputs` / `prepare_latents`)."""
+        return packed_latent_shape(components["transformer"].config, self.vae_scale(components), resolution,
+                                   self.default_sample_size)
 
     def image_tokens(self, latent_shape: tuple[int, int, int], transformer_config: Any) -> int:
         """One token per 2×2 patch: the pipeline packs (`in_channels` = 4·C) and the transformer's own
