@@ -32,10 +32,14 @@ demo: $(STAMP)
 demo-local: $(STAMP)
 	$(PY) -m bench.demo --config configs/embedded.yaml
 
+# Parallel test workers (pytest-xdist): most of a Ray test's time is processes starting and waiting on each
+# other, which a second worker fills. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	# pytest exits 5 when it collects no tests: that is a failure here too. The slowest tests are listed
 	# last, so a CI log shows where the suite's time goes.
-	$(PY) -m pytest -q --durations=15 tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
 
 # The job as its users watch it: a short job submitted to a local Ray, every Grafana query evaluated by a
 # real Prometheus, the dashboard's Jobs and Actors pages captured in headless Chromium (docs/monitoring.md).

@@ -13,6 +13,10 @@ it restarts. The job's totals (`solrl_job_*`) are the driver's: it counts what e
 from __future__ import annotations
 
 import math
+import os
+import threading
+import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -153,6 +157,45 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+class KeptGauges:
+    """Gauges that stay on the endpoint between their sets.
+
+    Ray 2.60 drops a gauge two report intervals (20 s by default) after its last `set`
+    (`ray/_private/telemetry/open_telemetry_metric_recorder.py`): a value set once per iteration — minutes on
+    a real model — would show on the dashboard for its first 20 s only. Each gauge's last value per label set
+    is set again from a daemon thread every half report interval (`RAY_metrics_report_interval_ms`)."""
+
+    def __init__(self) -> None:
+        interval_ms = os.environ.get("RAY_metrics_report_interval_ms", "10000")  # noqa: SIM112 (Ray's spelling)
+        self.every_s = float(interval_ms) / 2000.0
+        self.last: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Gauge, float, dict[str, str] | None]] = {}
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def set(self, gauge: Gauge, value: float, tags: dict[str, str] | None = None) -> None:
+        gauge.set(value, tags=tags)
+        with self.lock:
+            self.last[(id(gauge), tuple(sorted((tags or {}).items())))] = (gauge, value, tags)
+            if self.thread is None:
+                self.thread = threading.Thread(target=KeptGauges._keep, args=(weakref.ref(self), self.every_s),
+                                               name="kept-gauges", daemon=True)
+                self.thread.start()
+
+    @staticmethod
+    def _keep(keeper_ref: weakref.ref, every_s: float) -> None:
+        """Set every kept gauge again, until its keeper is gone (the thread holds no reference to it)."""
+        while True:
+            time.sleep(every_s)
+            keeper = keeper_ref()
+            if keeper is None:
+                return
+            with keeper.lock:
+                last = list(keeper.last.values())
+            del keeper
+            for gauge, value, tags in last:
+                gauge.set(value, tags=tags)
+
+
 class LearnerMetrics:
     """The run's series: each iteration's metrics.jsonl row, as gauges and counters (recorded by the driver's
     `learner.run_log.RunLog`)."""
@@ -164,29 +207,25 @@ class LearnerMetrics:
         self.components = REWARD_COMPONENT.instrument(tags)
         self.eval_details = EVAL_DETAIL.instrument(tags)
         self.iterations = iterations
-        self.last_eval: dict[str, Any] = {}
+        self.kept = KeptGauges()
 
     def record(self, values: dict[str, Any]) -> None:
-        """Every gauge is set again on every record: Ray 2.60 drops a gauge two report intervals (20 s by
-        default) after its last set, so the held-out values of the last evaluation are repeated until the
-        next one (every eval.every)."""
+        """The gauges are kept (`KeptGauges`): the held-out values of the last evaluation stay on the
+        endpoint until the next one (every eval.every), the others until the next record."""
         if "iteration" in values:
-            self.done.set(float(values["iteration"] + 1))
-        fresh = {k: v for k, v in values.items() if k.startswith("eval_")}
-        if fresh:
-            self.last_eval = fresh
-        values = {**self.last_eval, **values, "iterations_planned": self.iterations}
+            self.kept.set(self.done, float(values["iteration"] + 1))
+        values = {**values, "iterations_planned": self.iterations}
         for key, (metric, instrument) in self.instruments.items():
             value = values.get(key)
             if metric.kind == "gauge" and _finite(value):
-                instrument.set(float(value))
+                self.kept.set(instrument, float(value))
             elif metric.kind == "counter" and value:  # bool `skipped` counts one
                 instrument.inc(float(value))
         for key, value in values.items():
             if key.startswith("reward_") and key not in _NOT_COMPONENTS and _finite(value):
-                self.components.set(float(value), tags={"reward": key.removeprefix("reward_")})
+                self.kept.set(self.components, float(value), tags={"reward": key.removeprefix("reward_")})
             elif key.startswith("eval_") and key != "eval_reward" and _finite(value):
-                self.eval_details.set(float(value), tags={"detail": key.removeprefix("eval_")})
+                self.kept.set(self.eval_details, float(value), tags={"detail": key.removeprefix("eval_")})
 
 
 class ExplorerMetrics:
@@ -198,6 +237,7 @@ class ExplorerMetrics:
         (self.candidates, self.busy, self.syncs, self.sync_seconds, self.version) = (
             m.instrument(tags) for m in EXPLORER)
         self.unreported = (0, 0.0)  # snapshots loaded and their seconds, since the last group
+        self.kept = KeptGauges()
 
     def explored(self, group) -> None:
         """Count `group` and hand it the snapshot loads since the previous one (`RankedGroup.syncs`, `sync_s`)."""
@@ -209,7 +249,7 @@ class ExplorerMetrics:
         seconds = info["fetch_s"] + info["load_s"]
         self.syncs.inc()
         self.sync_seconds.inc(seconds)
-        self.version.set(float(info["version"]))
+        self.kept.set(self.version, float(info["version"]))
         self.unreported = (self.unreported[0] + 1, self.unreported[1] + seconds)
 
 

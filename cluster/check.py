@@ -48,9 +48,6 @@ from diffusion.quant import DeviceFacts, EngineChoice
 from learner.data_parallel import slot_balance
 
 GiB = 2**30
-# Text tokens the transformer attends to, by family (CLIP 77 + T5 at the family's length for SD3).
-# Qwen-Image: a prompt conditions with its own length, at most the family's max_sequence_length (the bound).
-TEXT_TOKENS = {"sd3": 77 + 128, "flux": 128, "sana": 300, "qwen_image": 512}
 
 
 @dataclass(frozen=True)
@@ -225,7 +222,7 @@ def estimate_memory(config: SolRLConfig, model: nn.Module, family, params: dict[
     width = cfg.num_attention_heads * cfg.attention_head_dim
     blocks = cfg.num_layers + getattr(cfg, "num_single_layers", 0)
     channels, h, w = family.latent_shape(_shapes_only(config.model.folder(), model), config.model.resolution)
-    s = family.image_tokens((channels, h, w), cfg) + TEXT_TOKENS.get(family.name, 77)
+    s = family.image_tokens((channels, h, w), cfg) + family.text_tokens()
     transformer = params.get("transformer", sum(p.numel() for p in model.parameters()))
     text = sum(n for name, n in params.items() if name.startswith("text_encoder"))
     vae = params.get("vae", 0)

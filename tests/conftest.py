@@ -13,7 +13,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# Two torch threads, the cores of the machines the suite is sized for; under pytest-xdist (`make test` runs a
+# worker per core) each worker takes its share, so parallel workers do not oversubscribe the cores.
+torch.set_num_threads(max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 @pytest.fixture(scope="session")

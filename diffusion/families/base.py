@@ -97,6 +97,11 @@ class Family:
         channels, h, w = latent_shape
         return h * w * channels // (transformer_config.in_channels * transformer_config.patch_size**2)
 
+    def text_tokens(self) -> int:
+        """The text tokens the transformer attends to beside the image's, at most (memory estimates): one CLIP
+        prompt's 77 unless the family says otherwise."""
+        return 77
+
     def sigmas(self, steps: int, scheduler: Mapping[str, Any], latent_shape: tuple[int, int, int],
                shift: float | None = None) -> torch.Tensor:
         """The σ grid of `steps` steps (steps + 1 values ending at 0): diffusers' FlowMatchEuler grid

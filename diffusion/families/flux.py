@@ -108,6 +108,9 @@ class FluxFamily(Family):
     t5_max_sequence_length: int = 128
     default_sample_size: int = 128  # latent cells per side when no resolution is given (the pipeline's)
 
+    def text_tokens(self) -> int:
+        return self.t5_max_sequence_length
+
     def encode(self, components: Mapping[str, nn.Module], prompts: Sequence[str]) -> Conditioning:
         missing = [n for n in ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2") if n not in components]
         if missing:

@@ -55,6 +55,9 @@ class QwenImageFamily(Family):
     max_sequence_length: int = 512  # QwenImagePipeline.__call__'s default
     default_sample_size: int = 128  # latent cells per side when no resolution is given (the pipeline's)
 
+    def text_tokens(self) -> int:
+        return self.max_sequence_length  # a prompt conditions with its own length, at most this
+
     def encode(self, components: Mapping[str, nn.Module], prompts: Sequence[str]) -> Conditioning:
         missing = [n for n in ("tokenizer", "text_encoder") if n not in components]
         if missing:

@@ -26,6 +26,9 @@ class SD3Family(Family):
 
     t5_max_sequence_length: int = 128
 
+    def text_tokens(self) -> int:
+        return 77 + self.t5_max_sequence_length  # the CLIP tokens, then T5's
+
     def encode(self, components: Mapping[str, nn.Module], prompts: Sequence[str]) -> Conditioning:
         clip_pairs = [
             (components[tok], components[enc])

@@ -1,10 +1,11 @@
-"""What the node's Prometheus endpoint shows of the learner's gauges between evaluations.
+"""What the node's Prometheus endpoint shows of gauges between their sets.
 
 Ray 2.60 keeps a gauge's value for two report intervals after its last `set`, then drops the series
-(`ray/_private/telemetry/open_telemetry_metric_recorder.py`, the gauge TTL). With `eval.every` iterations
-between evaluations the held-out series would vanish from the dashboard; `LearnerMetrics` repeats the last
-evaluation's values on every record. A 1 s report interval makes the TTL 2 s, so the test is short (a gauge
-set once was measured gone from the endpoint 3 s later; with Ray's default 10 s interval, 20-30 s later).
+(`ray/_private/telemetry/open_telemetry_metric_recorder.py`, the gauge TTL): with `eval.every` iterations
+between evaluations the held-out series would vanish from the dashboard, and an explorer's policy version, set
+once per snapshot, would show for 20 s of an iteration that takes minutes. `actors.metrics.KeptGauges` sets each
+gauge's last value again every half interval. A 1 s report interval makes the TTL 2 s, so the test is short (a
+gauge set once was measured gone from the endpoint 3 s later; with Ray's default 10 s interval, 20-30 s later).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import urllib.request
 import pytest
 import ray
 
-from actors.metrics import LearnerMetrics
+from actors.metrics import ExplorerMetrics, LearnerMetrics
 
 pytestmark = pytest.mark.ray
 
@@ -31,6 +32,17 @@ class Rank0:
         self.metrics.record(values)
 
 
+@ray.remote(num_cpus=0)
+class Explorer0:
+    """An explorer's side: `ExplorerMetrics` recording one snapshot load, then nothing."""
+
+    def __init__(self) -> None:
+        self.metrics = ExplorerMetrics("probe", 0)
+
+    def synced(self, version: int) -> None:
+        self.metrics.synced({"fetch_s": 0.1, "load_s": 0.2, "version": version})
+
+
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -42,9 +54,10 @@ def test_held_out_series_stay_on_the_endpoint_between_evaluations(monkeypatch):
     monkeypatch.setenv("RAY_metrics_report_interval_ms", "1000")
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        rank0 = Rank0.remote()
+        rank0, explorer0 = Rank0.remote(), Explorer0.remote()
         port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])
         ray.get(rank0.record.remote({"iteration": 0, "reward_mean": 1.0, "eval_reward": 2.5, "eval_accuracy": 0.75}))
+        ray.get(explorer0.synced.remote(3))  # its only set
         seen: list[dict[str, float]] = []
         for iteration in range(1, 9):  # 8 s of iterations without an evaluation: four gauge TTLs
             ray.get(rank0.record.remote({"iteration": iteration, "reward_mean": 1.0 + iteration}))
@@ -56,3 +69,5 @@ def test_held_out_series_stay_on_the_endpoint_between_evaluations(monkeypatch):
     assert all(s.get("ray_solrl_iterations_done") == 9 for s in late[-1:]), late
     assert all(s.get("ray_solrl_eval_reward") == 2.5 for s in late), late
     assert all(s.get("ray_solrl_eval_detail") == 0.75 for s in late), late
+    assert all(s.get("ray_solrl_explorer_policy_version") == 3 for s in late), late
+    assert all(s.get("ray_solrl_weight_syncs_total") == 1 for s in late), late

@@ -3,15 +3,17 @@ GPU is lent. Every field the GPU run writes is written (memory: null without CUD
 
 from __future__ import annotations
 
+import ast
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from bench.gpu_check import FULL, GPU_TEST_FILES, TINY, WHEELS, main
 from bench.plan import load_costs
+
+TESTS = Path(__file__).resolve().parents[1]
 
 ROW_FIELDS = {
     "batch", "resolution", "device", "params_b", "fp8_over_bf16", "nvfp4_emulated_over_bf16", "paper_fp4_over_bf16",
@@ -54,7 +56,11 @@ def test_cuda_without_a_gpu_is_refused_with_the_cpu_mode_named(capsys) -> None:
 
 
 def test_every_gpu_marked_test_is_in_the_files_the_check_runs() -> None:
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p",
-                             "no:cacheprovider", "tests"], capture_output=True, text=True, check=True).stdout
-    files = {line.split("::")[0] for line in listed.splitlines() if "::" in line}
-    assert files == set(GPU_TEST_FILES)
+    """Every test file that names the `gpu` mark (`pytest.mark.gpu`, read from its syntax tree: a subprocess
+    collecting the whole suite to ask pytest took half a minute) is one the GPU check runs."""
+    marked = set()
+    for path in sorted(TESTS.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "gpu" and ast.unparse(node.value) == "pytest.mark":
+                marked.add(path.relative_to(TESTS.parent).as_posix())
+    assert marked == set(GPU_TEST_FILES)

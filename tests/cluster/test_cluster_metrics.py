@@ -71,11 +71,14 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
                   "ray_solrl_weight_syncs_total": 1,
                   "ray_solrl_explorer_deaths_total": 1,
                   "ray_solrl_explorer_retries_total": sum(m.get("explorer_retries", 0) for m in history)}
+        # every series the Grafana dashboard queries: the restarted explorer's gauges come with its first report,
+        # which on a loaded machine can be the last to arrive
+        queried = set().union(*(metric_names(expr) for expr in queries(build_dashboard())))
         deadline, values, labels = time.time() + 60, {}, {}
         while time.time() < deadline:  # metrics reach the endpoint every few seconds
             values, labels = scrape(port)
             if all(values.get(k) == v for k, v in wanted.items()) \
-                    and values.get("ray_solrl_scorer_images_total") == sum(batches):
+                    and values.get("ray_solrl_scorer_images_total") == sum(batches) and queried <= values.keys():
                 break
             time.sleep(2)
         driver.stop(job)  # after scraping: the learner's gauges leave with its process

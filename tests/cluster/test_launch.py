@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -58,15 +59,20 @@ def launch(run_dir: Path, *sets: str) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def ray_folders() -> set[str]:
-    return set(glob.glob("/tmp/solrl-ray-*"))
+def ray_folders_of(run_dir: Path) -> list[str]:
+    """The local Ray folders whose launcher ran `run_dir` (other launches, in parallel tests, have their own)."""
+    mine = []
+    for folder in glob.glob("/tmp/solrl-ray-*"):
+        with contextlib.suppress(OSError, ValueError):  # another launch's folder, being made or removed
+            if json.loads(Path(folder, "launcher.json").read_text())["run_dir"] == str(run_dir):
+                mine.append(folder)
+    return mine
 
 
 @pytest.mark.ray
 def test_a_clean_local_run_removes_its_ray_folder_and_prints_where_it_is(tmp_path):
     """Through the real CLI, with two rewards served by a scorer actor: the local Ray has room for every
     actor (scorers included), and a reward without an accuracy still ends in a summary line."""
-    before = ray_folders()
     run = launch(tmp_path / "run", "run.iterations=1", "cluster.scorers.count=1",
                  "reward.weights={digit_alignment: 1.0, jpeg_compressibility: 0.5}")
     out, _ = run.communicate(timeout=600)
@@ -76,7 +82,7 @@ def test_a_clean_local_run_removes_its_ray_folder_and_prints_where_it_is(tmp_pat
     # the driver names what it started, as the dashboard shows it, and the iteration line its progress
     assert ": solrl-learner-0..0, solrl-explorer-0..0, solrl-scorer-0..0" in out, out[-3000:]
     assert "iteration 1/1 (100%)" in out and "elapsed, done" in out
-    assert ray_folders() <= before  # its own Ray folder is gone (others' are not ours to judge)
+    assert not ray_folders_of(tmp_path / "run")  # its own Ray folder is gone (others' are not ours to judge)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["iterations"] == 1 and summary["samples"] == str(tmp_path / "run" / "samples.png")
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])

@@ -38,6 +38,17 @@ def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def when_up(call, timeout_s: float = 120.0):
+    """`ray.get(call())` once the actor it calls is up: an actor Ray is still restarting answers nothing yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(call())
+        except ray.exceptions.ActorUnavailableError:
+            assert time.monotonic() < deadline, f"the actor was still restarting after {timeout_s:g} s"
+            time.sleep(0.5)
+
+
 def test_an_explorer_lost_with_its_node_is_removed_and_the_pool_grows_back_when_room_returns(
         three_single_slot_nodes, tmp_path):
     cluster, workers = three_single_slot_nodes
@@ -112,7 +123,8 @@ def test_an_explorer_restarted_on_a_node_that_joined_later_finds_that_nodes_serv
     try:
         weights = final_weights(job, tmp_path / "run" / "final")
         restarted = job.explorers[seen["victim"]]
-        placed = ray.get(restarted.__ray_call__.remote(node_of))
+        # on a loaded machine the run can end before Ray has restarted it (its slots went to the other explorer)
+        placed = when_up(lambda: restarted.__ray_call__.remote(node_of))
         services = set(job.services)
     finally:
         driver.stop(job)

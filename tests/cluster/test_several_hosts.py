@@ -29,7 +29,8 @@ from tiny import tiny_config, tiny_sets
 
 from cluster.runtime.control_file import write_control
 
-pytestmark = pytest.mark.ray
+# One worker runs both (pytest-xdist's loadgroup): they share the three hosts, which take a minute to start.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("three_hosts")]
 
 REPO = Path(__file__).resolve().parents[2]
 LEARNER_HOSTS = (0, 1)  # the hosts with a (logical) GPU: learner ranks ask for one each

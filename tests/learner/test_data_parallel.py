@@ -4,6 +4,7 @@ Trainer on its own slots, against one Trainer on every slot, for each objective.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -41,28 +42,38 @@ def _nan_update(trainer: Trainer, slots: list[int]) -> dict:
     return {"theta": {k: v.detach() for k, v in trainer.state.theta_parameters().items()}, "metrics": metrics}
 
 
-def _nan_rank(rank: int, world: int, address: str, out: str) -> None:
-    torch.set_num_threads(1)
-    shard = Shard(rank, world)
-    join(address, shard, timeout_s=120)
-    trainer = Trainer(tiny_config(*NAN_SETS), shard=shard)
-    slots = [s for s in range(2) if shard.owns(s, 2)]
-    torch.save(_nan_update(trainer, slots), f"{out}/rank{rank}.pt")
-
-
-def _rank(rank: int, world: int, address: str, overrides: list[str], out: str) -> None:
-    torch.set_num_threads(1)
-    shard = Shard(rank, world)
-    join(address, shard, timeout_s=120)
-    trainer = Trainer(tiny_config(*overrides), shard=shard)
+def _objective_run(trainer: Trainer) -> dict:
+    """Two iterations of `trainer`: θ, θ_old and each iteration's metrics."""
     history = []
     for iteration in range(2):
         result = trainer.train_iteration(iteration)
         trainer.finish_iteration()
         history.append(result.metrics())
-    torch.save({"theta": {k: v.detach() for k, v in trainer.state.theta_parameters().items()},
-                "old": {k: v.detach() for k, v in trainer.state.old_parameters().items()},
-                "history": history}, f"{out}/rank{rank}.pt")
+    return {"theta": {k: v.detach() for k, v in trainer.state.theta_parameters().items()},
+            "old": {k: v.detach() for k, v in trainer.state.old_parameters().items()},
+            "history": history}
+
+
+def _rank(rank: int, world: int, address: str, out: str) -> None:
+    """One rank of the group, for every objective and then the NaN update, one after the other in the same
+    process group (one spawn for all: a rank's start-up, torch and the model, is most of its time)."""
+    torch.set_num_threads(1)
+    shard = Shard(rank, world)
+    join(address, shard, timeout_s=120)
+    for name, overrides in OBJECTIVES.items():
+        torch.save(_objective_run(Trainer(tiny_config(*overrides), shard=shard)), f"{out}/{name}_rank{rank}.pt")
+    trainer = Trainer(tiny_config(*NAN_SETS), shard=shard)
+    slots = [s for s in range(2) if shard.owns(s, 2)]
+    torch.save(_nan_update(trainer, slots), f"{out}/nan_rank{rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Callable[[str], list[dict]]:
+    """`two_ranks(name)`: what ranks 0 and 1 of a real gloo group of two processes saved for that run."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    mp.start_processes(_rank, args=(2, address, str(out)), nprocs=2, start_method="spawn")
+    return lambda name: [torch.load(out / f"{name}_rank{r}.pt") for r in range(2)]
 
 
 def _free_port() -> int:
@@ -75,12 +86,8 @@ def _alone(overrides: list[str]) -> tuple[dict, list]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer = Trainer(tiny_config(*overrides))
-        history = []
-        for i in range(2):
-            history.append(trainer.train_iteration(i).metrics())
-            trainer.finish_iteration()
-        return {k: v.detach() for k, v in trainer.state.theta_parameters().items()}, history
+        run = _objective_run(Trainer(tiny_config(*overrides)))
+        return run["theta"], run["history"]
     finally:
         torch.set_num_threads(threads)
 
@@ -151,11 +158,9 @@ def test_slot_balance_says_what_an_uneven_partition_costs():
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_two_ranks_train_like_one_learner(objective, tmp_path):
+def test_two_ranks_train_like_one_learner(objective, two_ranks):
     overrides = OBJECTIVES[objective]
-    address = f"tcp://127.0.0.1:{_free_port()}"
-    mp.start_processes(_rank, args=(2, address, overrides, str(tmp_path)), nprocs=2, start_method="spawn")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ranks = two_ranks(objective)
     # identical on every rank, bit for bit: the step, the soft update (what rank 0 publishes)
     for view in ("theta", "old"):
         assert all(torch.equal(ranks[0][view][k], ranks[1][view][k]) for k in ranks[0][view])
@@ -189,12 +194,10 @@ def test_micro_batches_are_cut_from_the_whole_batch_on_every_rank():
             assert together == list(range(m * size, min((m + 1) * size, whole)))
 
 
-def test_a_nan_drops_the_same_samples_in_a_learner_group_as_in_one_learner(tmp_path):
+def test_a_nan_drops_the_same_samples_in_a_learner_group_as_in_one_learner(two_ranks):
     """Before, each rank cut micro-batches from its own rows: rank 1 dropped rows 4–6 where one learner drops
     3–5, and the steps differed. Now both ranks drop the whole batch's micro-batch [3, 6) together."""
-    address = f"tcp://127.0.0.1:{_free_port()}"
-    mp.start_processes(_nan_rank, args=(2, address, str(tmp_path)), nprocs=2, start_method="spawn")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ranks = two_ranks("nan")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -28,3 +28,18 @@ def test_rank_fidelity_without_a_rho_or_without_groups():
     assert math.isnan(metrics["rank_spearman"]) and metrics["selection_precision"] == pytest.approx(2 / 3)
     assert rank_fidelity([]) == {}
     assert isinstance(rank_fidelity([(np.arange(3.0), np.arange(3.0))])["rank_spearman"], float)
+
+
+def test_spearman_is_scipys_on_ties_and_constants():
+    from scipy.stats import spearmanr
+
+    from learner.fidelity import spearman
+
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 8, 33):
+        for _ in range(20):
+            proxy, reference = rng.integers(0, 4, n).astype(np.float32), rng.normal(size=n)  # ties in the proxy
+            expected = spearmanr(proxy, reference).statistic
+            got = spearman(proxy, reference)
+            assert (math.isnan(got) and math.isnan(expected)) or got == pytest.approx(expected, abs=1e-12)
+    assert math.isnan(spearman(np.ones(5), np.arange(5.0)))
