@@ -181,6 +181,11 @@ class KeptGauges:
                                                name="kept-gauges", daemon=True)
                 self.thread.start()
 
+    def close(self) -> None:
+        """Keep nothing more: the gauges age out of the endpoint after Ray's TTL."""
+        with self.lock:
+            self.last.clear()
+
     @staticmethod
     def _keep(keeper_ref: weakref.ref, every_s: float) -> None:
         """Set every kept gauge again, until its keeper is gone (the thread holds no reference to it)."""
@@ -208,6 +213,10 @@ class LearnerMetrics:
         self.eval_details = EVAL_DETAIL.instrument(tags)
         self.iterations = iterations
         self.kept = KeptGauges()
+
+    def close(self) -> None:
+        """The job ended (`cluster.runtime.driver.stop`): its gauges are no longer kept."""
+        self.kept.close()
 
     def record(self, values: dict[str, Any]) -> None:
         """The gauges are kept (`KeptGauges`): the held-out values of the last evaluation stay on the

@@ -64,6 +64,7 @@ class Job:
     explorer_names: dict[Any, str] = field(default_factory=dict)  # actor handle → its name, for the log
     scorers: list[Any] | None = None
     log: RunLog | None = None  # the run's records, the resumed part included (set once the learner is up)
+    gauges: LearnerMetrics | None = None  # the run's dashboard series, kept on the endpoint until `stop`
 
     @property
     def learner(self) -> Any:
@@ -198,8 +199,9 @@ def run(config: SolRLConfig, run_dir: str | None, *, resume: bool | str = False,
     job = start(config, run_dir, resume, log)
     try:
         status = _ready(job, config, log, on_start)
+        job.gauges = LearnerMetrics(job.run, config.run.iterations)
         job.log = run_log = RunLog(Path(run_dir) if run_dir is not None else None, config,
-                                   start=status["iteration"], gauges=LearnerMetrics(job.run, config.run.iterations))
+                                   start=status["iteration"], gauges=job.gauges)
         before = len(run_log.history)
         if evaluate_base and status["iteration"] == 0:
             _evaluate_base(job, config, run_log, log)
@@ -349,7 +351,10 @@ def explorer_work(groups: list[RankedGroup]) -> Work:
 
 
 def stop(job: Job) -> None:
-    """End the job's actors, its weight-sync services (their snapshots with them) and its placement."""
+    """End the job's actors, its weight-sync services (their snapshots with them) and its placement; its gauges
+    are no longer kept (a process that runs jobs one after another exports only the running one's)."""
+    if job.gauges is not None:
+        job.gauges.close()
     explorers = job.pool.all_actors() if job.pool is not None else []
     for actor in [*job.learners, *explorers, *(job.scorers or [])]:
         if actor is not None:

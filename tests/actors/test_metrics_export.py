@@ -31,6 +31,9 @@ class Rank0:
     def record(self, values: dict) -> None:
         self.metrics.record(values)
 
+    def close(self) -> None:
+        self.metrics.close()
+
 
 @ray.remote(num_cpus=0)
 class Explorer0:
@@ -63,6 +66,9 @@ def test_held_out_series_stay_on_the_endpoint_between_evaluations(monkeypatch):
             ray.get(rank0.record.remote({"iteration": iteration, "reward_mean": 1.0 + iteration}))
             time.sleep(1.0)
             seen.append(scrape(port))
+        ray.get(rank0.close.remote())  # the job ended (driver.stop): its gauges age out, the explorer's stay
+        time.sleep(4.0)
+        after = scrape(port)
     finally:
         ray.shutdown()
     late = seen[-3:]  # long after the evaluation's own `set` would have aged out
@@ -71,3 +77,5 @@ def test_held_out_series_stay_on_the_endpoint_between_evaluations(monkeypatch):
     assert all(s.get("ray_solrl_eval_detail") == 0.75 for s in late), late
     assert all(s.get("ray_solrl_explorer_policy_version") == 3 for s in late), late
     assert all(s.get("ray_solrl_weight_syncs_total") == 1 for s in late), late
+    assert "ray_solrl_eval_reward" not in after and "ray_solrl_iterations_done" not in after, after
+    assert after.get("ray_solrl_explorer_policy_version") == 3, after

@@ -1,7 +1,7 @@
-"""Dashboard metrics, scraped from the node's Prometheus endpoint of a cluster of this test's own
-(no other job's series can mix in), checked for their values, not only their names — with one explorer
-death mid-run, so the fault counters are checked too and the job's exploration totals must survive it, and
-a reward scorer, so its series are there. The same scrape checks the Grafana dashboard: every series a
+"""Dashboard metrics, scraped from the node's Prometheus endpoint of a cluster of this test's own (the job's
+series selected by its `run` label, as the dashboard does), checked for their values, not only their names —
+with one explorer death mid-run, so the fault counters are checked too and the job's exploration totals must
+survive it, and a reward scorer, so its series are there. The same scrape checks the Grafana dashboard: every series a
 panel queries is one the job really exports."""
 
 from __future__ import annotations
@@ -25,19 +25,21 @@ pytestmark = pytest.mark.ray
 ITERATIONS, PROMPTS, CANDIDATES = 2, 2, 8
 
 
-def scrape(port: int) -> tuple[dict[str, float], dict[str, list[dict[str, str]]]]:
-    """Every ray_solrl_* series summed over its labels (one series per reporting process), and each
-    series' label sets."""
+def scrape(port: int, run: str) -> tuple[dict[str, float], dict[str, list[dict[str, str]]]]:
+    """Every ray_solrl_* series of the job `run` (its `run` label, as the dashboard selects a job) summed over
+    its other labels (one series per reporting process), and each series' label sets. Another job's series
+    (one that ran before in this process, within Ray's gauge TTL) are not this job's numbers."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     values: dict[str, float] = defaultdict(float)
     labels: dict[str, list[dict[str, str]]] = defaultdict(list)
     for line in text.splitlines():
-        if line.startswith("ray_solrl_"):
-            name = line.split("{")[0].split(" ")[0]
-            values[name] += float(line.rsplit(" ", 1)[1])
-            if "{" in line:
-                pairs = line[line.index("{") + 1:line.rindex("}")]
-                labels[name].append(dict(p.split("=", 1) for p in pairs.replace('"', "").split(",") if "=" in p))
+        if line.startswith("ray_solrl_") and "{" in line:
+            name = line.split("{")[0]
+            pairs = line[line.index("{") + 1:line.rindex("}")]
+            tags = dict(p.split("=", 1) for p in pairs.replace('"', "").split(",") if "=" in p)
+            if tags.get("run") == run:
+                values[name] += float(line.rsplit(" ", 1)[1])
+                labels[name].append(tags)
     return dict(values), dict(labels)
 
 
@@ -76,7 +78,7 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
         queried = set().union(*(metric_names(expr) for expr in queries(build_dashboard())))
         deadline, values, labels = time.time() + 60, {}, {}
         while time.time() < deadline:  # metrics reach the endpoint every few seconds
-            values, labels = scrape(port)
+            values, labels = scrape(port, job.namespace)
             if all(values.get(k) == v for k, v in wanted.items()) \
                     and values.get("ray_solrl_scorer_images_total") == sum(batches) and queried <= values.keys():
                 break
@@ -120,10 +122,9 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
     assert 0 <= values["ray_solrl_learner_idle_fraction"] <= 1
     assert values["ray_solrl_rank_spearman"] == pytest.approx(history[-1]["rank_spearman"], rel=1e-6)
     assert values["ray_solrl_skipped_updates_total"] == 0  # exported at 0 from the start
-    # every series carries the job's label, its namespace (unique per job, where two run directories may share
-    # a name, and it starts with the run directory's); per-actor ones their actor's index, as in its name
+    # the job's label is its namespace (unique per job, where two run directories may share a name, and it starts
+    # with the run directory's); per-actor series carry their actor's index, as in its name
     assert job.namespace.startswith(f"solrl-{(tmp_path / 'metrics').name}-")
-    assert all(s["run"] == job.namespace for series in labels.values() for s in series)
     assert {s["explorer"] for s in labels["ray_solrl_explored_candidates_total"]} == {"0"}
     assert {s["scorer"] for s in labels["ray_solrl_scorer_requests_total"]} == {"0"}
     # the scorer's counters agree with its own record of the batches it scored
