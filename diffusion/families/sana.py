@@ -52,10 +52,10 @@ class SanaFamily(Family):
     """
 
     max_sequence_length: int = 300  # SanaPipeline.__call__'s default
+    complex_human_instruction: bool = True  # SanaPipeline.__call__ uses its CHI by default
 
     def text_tokens(self) -> int:
         return self.max_sequence_length
-    complex_human_instruction: bool = True  # SanaPipeline.__call__ uses its CHI by default
 
     def _gemma(self, components: Mapping[str, nn.Module], texts: list[str], max_length: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
