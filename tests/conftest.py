@@ -77,6 +77,44 @@ def small_trainer() -> Callable:
     return make
 
 
+# address "local": always a new local Ray, never one that another test (or session) started with `ray start`,
+# which ray.init would otherwise join through /tmp/ray/ray_current_cluster.
+RAY_OPTIONS = {"address": "local", "num_cpus": 2, "include_dashboard": False, "log_to_driver": False,
+               "configure_logging": False}
+
+
+@pytest.fixture(scope="session")
+def _shared_ray():
+    """At the end of the session, stops the local Ray that `local_ray` started in this process."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(_shared_ray):
+    """A local Ray of 2 CPUs, shared by every test of this process that asks for it: started on first use, and
+    again after a test that ran its own cluster (`own_ray`, or tests/cluster/test_multinode.py's nodes) and shut
+    it down. Each start costs seconds of CPU in a raylet, a GCS and an agent: started per module, it was started
+    ~20 times a run. Every test leaves it as it found it (`no_leftover_actors` checks the named actors)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(**RAY_OPTIONS)
+    yield
+
+
+@pytest.fixture
+def own_ray() -> None:
+    """For a test that starts a Ray of its own (other resources, other environment): the shared one stops first."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture
 def restart_sync_service() -> Callable:
     """Kill a WeightSyncService and wait until its restarted, empty successor answers. `ray.kill` is

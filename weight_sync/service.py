@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 import ray
 
-from weight_sync.codecs import Manifest
 from weight_sync.shm import (
     SHM_FOLDER,
     Region,
@@ -143,7 +142,7 @@ class WeightSyncService:
 
         `source`: an actor with `snapshot(version) -> arrays`, called here so this service owns the result.
         """
-        version = Manifest.from_json(manifest).version
+        version = int(manifest["version"])  # the manifest's own field (weight_sync.codecs.Manifest.to_json)
         if version <= self.version():
             return self.version()
         if source is not None:

@@ -67,10 +67,12 @@ import time
 import warnings
 from collections.abc import Callable, Generator, Mapping
 from multiprocessing import resource_tracker, shared_memory
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = 0x534F4C52_4C575332  # "SOLRLWS2": the pipelined layout (a region of the unpipelined one reads as foreign)
 HEADER = 4096
@@ -560,7 +562,10 @@ def _fence() -> None:
 
 def _bytes(array: np.ndarray | torch.Tensor, nbytes: int | None = None, key: str = "") -> torch.Tensor:
     """A flat uint8 tensor over `array`'s own memory (no copy): torch's copy_ moves the bytes (it runs on
-    torch's threads where numpy's runs on one, and reaches tensors on any device)."""
+    torch's threads where numpy's runs on one, and reaches tensors on any device). torch is imported here, by
+    the processes that copy snapshots, so the node's service (which only makes regions) starts without it."""
+    import torch
+
     if isinstance(array, np.ndarray):
         if not array.flags.c_contiguous:
             raise ValueError(f"destination for {key!r} is not contiguous")

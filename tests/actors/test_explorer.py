@@ -43,13 +43,6 @@ LORA_BASE_BYTES = ADAPTED * 64 * 64 * 4
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def snapshots() -> dict[str, tuple[dict[str, torch.Tensor], dict]]:
     """codec → (the state the learner publishes, meta), as `actors.learner.Learner.publish` builds it."""
     trainer = Trainer(CONFIG)

@@ -52,10 +52,10 @@ def scrape(port: int) -> dict[str, float]:
             if line.startswith("ray_solrl_")}
 
 
-def test_held_out_series_stay_on_the_endpoint_between_evaluations(monkeypatch):
+def test_held_out_series_stay_on_the_endpoint_between_evaluations(own_ray, monkeypatch):
     # for every process of this Ray, the metrics agent included (`_system_config` does not reach the agent's TTL)
     monkeypatch.setenv("RAY_metrics_report_interval_ms", "1000")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         rank0, explorer0 = Rank0.remote(), Explorer0.remote()
         port = next(n["MetricsExportPort"] for n in ray.nodes() if n["Alive"])

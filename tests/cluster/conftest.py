@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import ray
-from jobs import single_process
+from jobs import killed_and_resumed_learner_group, single_process
 from tiny import tiny_config
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture
@@ -30,3 +26,18 @@ def no_leftover_actors(local_ray):
 def reference_weights():
     """The single-process trainer's weights at the Ray tests' tiny scale: what every job must reproduce."""
     return single_process(tiny_config(ray=True))
+
+
+@pytest.fixture(scope="session")
+def learner_group_run(tmp_path_factory) -> Callable[[], dict[str, Any]]:
+    """`learner_group_run()` (with a local Ray up): `jobs.killed_and_resumed_learner_group`, run once per process.
+    The learner-group test checks it; the three-host test compares its own job's weights with it (both run in
+    one pytest-xdist group, so the job runs once)."""
+    cache: dict[str, dict[str, Any]] = {}
+
+    def run() -> dict[str, Any]:
+        if "run" not in cache:
+            cache["run"] = killed_and_resumed_learner_group(tmp_path_factory.mktemp("learner_group") / "run")
+        return cache["run"]
+
+    return run

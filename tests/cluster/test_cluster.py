@@ -45,19 +45,37 @@ def config(*overrides: str):
 
 
 # ---- equivalence ----------------------------------------------------------------------------------------
-def test_one_and_two_explorers_give_the_single_process_weights(local_ray, tmp_path, reference_weights):
-    one, history = run_job(config("cluster.explorers.count=1"), tmp_path / "one")
-    two, _ = run_job(config("cluster.explorers.count=2"), tmp_path / "two")
-    assert_same(one, reference_weights)
-    assert_same(two, reference_weights)
+def explorer_faults(history: list[dict]) -> dict[str, int]:
+    """The run's explorer deaths and the slots sent again, over every iteration."""
+    return {k: sum(m.get(k, 0) for m in history) for k in ("explorer_deaths", "explorer_retries")}
+
+
+def arm_explorer_death_on_call_3(job, _status) -> None:
+    """The only explorer dies in its third explore task: iteration 1's first slot (2 slots an iteration)."""
+    ray.get(job.explorers[0].__ray_call__.remote(die_on_explore_call, 3))
+
+
+def test_one_unstreamed_explorer_killed_mid_explore_gives_the_single_process_weights(local_ray, tmp_path,
+                                                                                     reference_weights):
+    """One job for three scenarios that each leave the weights those of the single process: one explorer
+    (the default), regeneration not streamed, and that explorer killed in iteration 1's first slot (the slot
+    waits for the restart and goes to the same explorer again). A job's cost is starting it."""
+    weights, history = run_job(config("cluster.stream_regeneration=false"), tmp_path / "one",
+                               on_start=arm_explorer_death_on_call_3)
+    assert_same(weights, reference_weights)
+    stats = explorer_faults(history)
+    assert stats["explorer_deaths"] == 1 and stats["explorer_retries"] >= 1, stats
+    assert [m["streamed_slots"] for m in history] == [[], []]
     assert [m["iteration"] for m in history] == [0, 1] and history[-1]["policy_version"] == 2
     assert all("rank_spearman" in m for m in history)
-    assert 0 < history[1]["learner_idle_fraction"] < 1  # it waited for the explorers of iteration 1
+    assert 0 < history[1]["learner_idle_fraction"] < 1  # it waited for the explorer of iteration 1 (and its restart)
 
 
-def test_streamed_regeneration_follows_arrival_order_and_changes_nothing(local_ray, tmp_path, reference_weights):
+def test_two_explorers_streamed_in_arrival_order_give_the_single_process_weights(local_ray, tmp_path,
+                                                                                reference_weights):
     """Slot 0's explorer answers late: the learner regenerates slot 1 first, while slot 0 is explored, and
-    the weights are bitwise those of the single process (and of a run that does not stream)."""
+    the weights are bitwise those of the single process (as are the unstreamed run's above). One job for two
+    scenarios, two explorers and streaming: a job's cost is starting it."""
 
     def slow_first_explorer(job, status) -> None:
         ray.get(job.explorers[0].__ray_call__.remote(delay_explore, 3.0))
@@ -67,10 +85,6 @@ def test_streamed_regeneration_follows_arrival_order_and_changes_nothing(local_r
     assert [m["streamed_slots"] for m in history] == [[1, 0], [1, 0]]
     assert all(m["streamed_rollout_s"] > 0 for m in history)
     assert_same(streamed, reference_weights)
-    not_streamed, history = run_job(config("cluster.explorers.count=2", "cluster.stream_regeneration=false"),
-                                    tmp_path / "not_streamed")
-    assert [m["streamed_slots"] for m in history] == [[], []]
-    assert_same(not_streamed, reference_weights)
 
 
 def test_lora_codec_changes_nothing(local_ray, tmp_path, reference_weights):
@@ -106,15 +120,24 @@ def test_a_multi_reward_served_by_a_scorer_actor_changes_nothing(local_ray, tmp_
                                                  rel=1e-5)
 
 
-def test_async_mode_ranks_with_the_previous_version_and_regenerates_with_the_current(local_ray, tmp_path):
+def test_async_mode_ranks_with_the_previous_version_through_an_explorer_killed_in_a_prefetch(local_ray, tmp_path):
+    """Lag 1: iteration i ≥ 1 is ranked with version i - 1 and regenerated with version i. In the same job
+    (a job's cost is starting it) the only explorer dies in its third explore task: iteration 1's first slot,
+    in the prefetch that runs while the learner trains on iteration 0. The slot waits for the restart and is
+    explored again with the version it was pinned to, which the services still keep (the last two)."""
     cfg = config("cluster.mode=async", "cluster.max_policy_lag=1", "run.iterations=3")
-    weights, history = run_job(cfg, tmp_path / "async")
+    # calls 1-2 explore iteration 0, 3-4 prefetch iteration 1; a third iteration's prefetch only comes after them
+    weights, history = run_job(cfg, tmp_path / "async", on_start=arm_explorer_death_on_call_3)
     assert [m["policy_lag"] for m in history] == [0, 1, 1]  # iteration 0 has nothing to run ahead of
     assert [m["sampled_with_version"] for m in history] == [0, 1, 2]
+    stats = explorer_faults(history)
+    assert stats["explorer_deaths"] == 1 and stats["explorer_retries"] >= 1, stats
     assert_same(weights, single_process(cfg, lagged=True))
 
-    # max lag 0: every group explored ahead is stale, dropped (counted) and explored again, which
-    # makes the run exactly the synchronous one
+
+def test_async_mode_with_no_lag_allowed_is_the_synchronous_run(local_ray, tmp_path):
+    """Max lag 0: every group explored ahead is stale, dropped (counted) and explored again, which makes the
+    run exactly the synchronous one."""
     cfg0 = config("cluster.mode=async", "cluster.max_policy_lag=0", "run.iterations=3")
     weights0, history0 = run_job(cfg0, tmp_path / "async0")
     assert [m.get("dropped_groups", 0) for m in history0] == [0, 2, 2]
@@ -133,24 +156,6 @@ def test_the_spread_schedule_sends_each_iteration_its_reference_to_the_explorers
 
 
 # ---- a crashed explorer ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_the_only_explorer_killed_mid_explore_changes_nothing(local_ray, tmp_path, reference_weights, mode):
-    """One explorer (the default). It dies in its third explore task: iteration 1's first slot — in
-    async mode the prefetch that runs while the learner trains on iteration 0. The slot waits for the
-    restart and goes to the same explorer again."""
-    def arm(job, _status) -> None:
-        ray.get(job.explorers[0].__ray_call__.remote(die_on_explore_call, 3))
-
-    cfg = config(f"cluster.mode={mode}", "cluster.max_policy_lag=1")
-    weights, history = run_job(cfg, tmp_path / mode, on_start=arm)
-    stats = {k: sum(m.get(k, 0) for m in history) for k in ("explorer_deaths", "explorer_retries")}
-    assert stats["explorer_deaths"] == 1 and stats["explorer_retries"] >= 1, stats
-    if mode == "sync":
-        assert_same(weights, reference_weights)
-    else:
-        assert_same(weights, single_process(cfg, lagged=True))
-
-
 @ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)
 class CrashingExplorer:
     """Dies in every explore call: a crash loop (a bad node, a poisoned input)."""
@@ -223,7 +228,16 @@ def test_an_explorer_unreachable_past_the_deadline_is_removed_and_replaced(local
 
 
 # ---- a crashed learner, resumed -------------------------------------------------------------------------
-def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, reference_weights, capsys):
+def logged_iterations(run_dir) -> list[int]:
+    return [json.loads(x)["iteration"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_learner_killed_in_train_then_in_its_final_checkpoint_resumes_bitwise(local_ray, tmp_path,
+                                                                                reference_weights, capsys):
+    """Three starts of one run (two faults, each a run of two starts before: a job's cost is starting it). The
+    first dies inside iteration 1's update. The resume dies half way through the final checkpoint (iteration
+    2), after logging iteration 1's metrics. The next resume takes iteration 1's complete checkpoint again,
+    drops the logged line it will redo, redoes it."""
     cfg, run_dir = config("eval.every=1"), tmp_path / "run"
     args = argparse.Namespace(resume=None, checkpoint="latest", config="configs/embedded.yaml", set=tiny_sets(ray=True))
 
@@ -234,13 +248,22 @@ def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, refere
         if metrics["iteration"] == 0:
             ray.get(job.learner.__ray_call__.remote(die_in_update))
 
+    def started_to_die_in_the_final_checkpoint(job, status) -> None:
+        started(job, status)
+        ray.get(job.learner.__ray_call__.remote(die_writing_checkpoint, 1))  # the first from now: iteration 2's
+
     with pytest.raises(learner_group.LearnerDied, match="learner rank 0 of 1 died in train"):
         driver.run(cfg, str(run_dir), log=lambda _: None, evaluate_base=True, on_iteration=kill_in_second_update,
                    on_start=started)
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["iteration"] for m in lines] == [0]
+    assert logged_iterations(run_dir) == [0]
 
     args.resume = str(run_dir)
+    with pytest.raises(learner_group.LearnerDied, match="learner rank 0 of 1 died in checkpoint"):
+        driver.run(cfg, str(run_dir), resume=True, log=lambda _: None, evaluate_base=True,
+                   on_start=started_to_die_in_the_final_checkpoint)
+    assert logged_iterations(run_dir) == [0, 1]
+    assert json.loads((run_dir / "checkpoint" / "meta.json").read_text())["iteration"] == 1
+
     job, history = driver.run(cfg, str(run_dir), resume=True, log=lambda _: None, evaluate_base=True,
                               on_start=started)
     try:
@@ -249,14 +272,13 @@ def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, refere
     finally:
         driver.stop(job)
     assert [m["iteration"] for m in history] == [1]
-    # the whole run is in the bookkeeping: both iterations, the base evaluation of the first start
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["iteration"] for m in lines] == [0, 1]
+    # the whole run is in the bookkeeping: both iterations once, the base evaluation of the first start
+    assert logged_iterations(run_dir) == [0, 1]
     assert summary["iterations"] == 2 and "eval_reward" in summary["base_eval"]
     assert summary["base_eval"] == json.loads((run_dir / "base_eval.json").read_text())
     assert summary["run_dir"] == str(run_dir) and os.path.isabs(summary["final"]["transformer"])
     launches = [json.loads(x) for x in (run_dir / "launches.jsonl").read_text().splitlines()]
-    assert [(x["resume"], x["from_iteration"]) for x in launches] == [(False, 0), (True, 1)]
+    assert [(x["resume"], x["from_iteration"]) for x in launches] == [(False, 0), (True, 1), (True, 1)]
 
     # --resume of the finished run changes nothing and says so; a failed resume rewrites nothing
     files = {name: (run_dir / name).read_bytes() for name in ("summary.json", "config.yaml", "metrics.jsonl")}
@@ -282,61 +304,38 @@ def test_learner_killed_inside_train_resumes_bitwise(local_ray, tmp_path, refere
     assert plan.resume == str(run_dir / "checkpoint.previous") and not plan.complete
 
 
-def test_learner_killed_while_writing_a_checkpoint_resumes_bitwise(local_ray, tmp_path, reference_weights):
-    """It dies half way through the final checkpoint (iteration 2), after logging iteration 1's metrics:
-    the resume takes iteration 1's complete checkpoint, drops the logged line it will redo, redoes it."""
-    cfg, run_dir = config(), tmp_path / "run"
-
-    def arm(job, _status) -> None:
-        ray.get(job.learner.__ray_call__.remote(die_writing_checkpoint, 2))
-
-    with pytest.raises(learner_group.LearnerDied, match="learner rank 0 of 1 died in checkpoint"):
-        driver.run(cfg, str(run_dir), log=lambda _: None, on_start=arm)
-    assert [json.loads(x)["iteration"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
-    assert json.loads((run_dir / "checkpoint" / "meta.json").read_text())["iteration"] == 1
-
-    weights, history = run_job(cfg, run_dir, resume=True)
-    assert [m["iteration"] for m in history] == [1]
-    assert [json.loads(x)["iteration"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
-    assert_same(weights, reference_weights)
-
-
-def test_a_restarted_sync_service_is_republished_to(local_ray, tmp_path, reference_weights, restart_sync_service):
-    restarted = []
-
-    def restart_service(job, _metrics) -> None:
-        if not restarted:
-            restart_sync_service(next(iter(job.services.values())))
-            restarted.append(True)
-
-    weights, _ = run_job(config(), tmp_path / "svc", on_iteration=restart_service)
-    assert restarted
-    assert_same(weights, reference_weights)
-
-
 def publish_through_the_object_store(learner) -> None:
     """As for a service on another node: snapshots travel as objects the service pulls from the learner."""
     learner.publisher.local = None
 
 
-def test_a_restarted_service_fed_through_the_object_store_is_republished_to(local_ray, tmp_path, reference_weights,
-                                                                            restart_sync_service):
-    """The republish waits for the service to pull the snapshot from the learner (`snapshot`): both must not
-    share one concurrency group, or the republish would wait for itself forever."""
-    restarted = []
+def test_a_restarted_sync_service_is_republished_to_then_through_the_object_store(local_ray, tmp_path,
+                                                                                  restart_sync_service):
+    """After iteration 0 the service restarts and the next iteration republishes to it. After iteration 1 the
+    learner publishes through the object store and the service restarts again: the republish waits for the
+    service to pull the snapshot from the learner (`snapshot`): both must not share one concurrency group, or
+    the republish would wait for itself forever. One job of 3 iterations for both restarts (each a job of its
+    own before: a job's cost is starting it); each is followed by an iteration that explores."""
+    cfg, restarted, republished = config("run.iterations=3"), [], []
 
     def restart_service(job, metrics) -> None:
+        service = next(iter(job.services.values()))
         if metrics["iteration"] == 0:
+            restart_sync_service(service)
+            restarted.append(0)
+        if metrics["iteration"] == 1:
             ray.get(job.learner.__ray_call__.remote(publish_through_the_object_store))
-            restart_sync_service(next(iter(job.services.values())))
-            republished = job.learner.ensure_published.remote()
-            ready, _ = ray.wait([republished], timeout=120)
+            restart_sync_service(service)
+            restarted.append(1)
+            ref = job.learner.ensure_published.remote()
+            ready, _ = ray.wait([ref], timeout=120)
             assert ready, "the republish to a restarted service did not return within 120 s"
-            restarted.append(ray.get(republished))
+            republished.append(ray.get(ref))
 
-    weights, _ = run_job(config(), tmp_path / "svc", on_iteration=restart_service)
-    assert restarted == [[next(iter(ray.nodes()))["NodeID"]]]
-    assert_same(weights, reference_weights)
+    weights, _ = run_job(cfg, tmp_path / "svc", on_iteration=restart_service)
+    assert restarted == [0, 1]
+    assert republished == [[next(iter(ray.nodes()))["NodeID"]]]
+    assert_same(weights, single_process(cfg))
 
 
 # ---- non-finite values on the Ray path ------------------------------------------------------------------

@@ -43,21 +43,20 @@ def scrape(port: int, run: str) -> tuple[dict[str, float], dict[str, list[dict[s
     return dict(values), dict(labels)
 
 
-def test_dashboard_metrics_carry_the_runs_values(tmp_path):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        cfg = tiny_config(f"prompts.per_iteration={PROMPTS}", f"prompts.candidates={CANDIDATES}",
-                          f"run.iterations={ITERATIONS}", f"eval.every={ITERATIONS}", "cluster.scorers.count=1",
-                          "cluster.scorers.num_cpus=0.25",
-                          ray=True)
-        # The only explorer dies once, mid-run: in its third slot (iteration 1's first), after it counted
-        # iteration 0's two groups and one snapshot. Ray drops a dead process's series with it, so its own
-        # counters restart from 0; the job's totals are the driver's and lose nothing.
-        def arm(job, _status) -> None:
-            ray.get(job.explorers[0].__ray_call__.remote(die_on_explore_call, 3))
+def test_dashboard_metrics_carry_the_runs_values(local_ray, tmp_path):
+    cfg = tiny_config(f"prompts.per_iteration={PROMPTS}", f"prompts.candidates={CANDIDATES}",
+                      f"run.iterations={ITERATIONS}", f"eval.every={ITERATIONS}", "cluster.scorers.count=1",
+                      "cluster.scorers.num_cpus=0.25",
+                      ray=True)
+    # The only explorer dies once, mid-run: in its third slot (iteration 1's first), after it counted
+    # iteration 0's two groups and one snapshot. Ray drops a dead process's series with it, so its own
+    # counters restart from 0; the job's totals are the driver's and lose nothing.
+    def arm(job, _status) -> None:
+        ray.get(job.explorers[0].__ray_call__.remote(die_on_explore_call, 3))
 
-        logged: list[str] = []
-        job, history = driver.run(cfg, str(tmp_path / "metrics"), log=logged.append, on_start=arm)
+    logged: list[str] = []
+    job, history = driver.run(cfg, str(tmp_path / "metrics"), log=logged.append, on_start=arm)
+    try:
         named = {n: ray.get(ray.get_actor(n, namespace=job.namespace).__ray_call__.remote(repr))
                  for n in ("solrl-learner-0", "solrl-explorer-0", "solrl-scorer-0")}
         # the run is over: the scorer's own record of what it scored is final
@@ -83,9 +82,8 @@ def test_dashboard_metrics_carry_the_runs_values(tmp_path):
                     and values.get("ray_solrl_scorer_images_total") == sum(batches) and queried <= values.keys():
                 break
             time.sleep(2)
-        driver.stop(job)  # after scraping: the learner's gauges leave with its process
     finally:
-        ray.shutdown()
+        driver.stop(job)  # after scraping: the learner's gauges leave with its process
     for name, value in wanted.items():
         assert values.get(name) == value, (name, values.get(name), sorted(values))
     # One writer, one record: metrics.jsonl holds the rows the driver returned and the gauges were set from,

@@ -390,13 +390,6 @@ def test_pipelined_readers_of_a_continuous_writer_never_accept_a_torn_snapshot()
 
 # -- through the services, on a real local Ray ------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 class Engine:
     """A stand-in ExploreEngine: copies each loaded state into preallocated tensors, like the real one."""
 

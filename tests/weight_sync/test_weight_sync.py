@@ -155,13 +155,6 @@ def test_a_lora_snapshot_after_another_codec_is_refused_without_a_base():
         subscriber.apply(state, manifest)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.ray
 def test_service_versions_are_monotonic_and_old_ones_are_released(local_ray):
     service = WeightSyncService(keep=2)
@@ -195,6 +188,8 @@ def test_publish_fetch_and_restart_on_a_real_cluster(local_ray, restart_sync_ser
     restart_sync_service(service)  # the service restarts empty ...
     assert publisher.republish() == [node]  # ... and the learner republishes to it
     assert ray.get(service.version.remote()) == 1
+    # a node's service only makes regions and hands out references: its process never imports torch
+    assert ray.get(service.__ray_call__.remote(lambda _: sorted({"torch", "diffusion"} & set(sys.modules)))) == []
 
 
 class Source:
