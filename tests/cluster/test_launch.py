@@ -1,11 +1,9 @@
-"""The launcher as an operator meets it: where runs land, its local Ray's lifetime, Ctrl-C and SIGTERM."""
+"""The launcher as an operator meets it: where runs land, its local Ray's lifetime, Ctrl-C and SIGTERM (a clean
+run to the end, its Ray folder removed: the resume that ends test_operator_session)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import glob
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +15,6 @@ import psutil
 import pytest
 from tiny import tiny_sets
 
-from bench.plan import load_costs
 from cluster.config.loading import ConfigError, load_config
 from cluster.launch import IN_RAY_JOB, run_directory
 
@@ -57,40 +54,6 @@ def launch(run_dir: Path, *sets: str) -> subprocess.Popen:
     args = [arg for item in [*SMALL, *sets] for arg in ("--set", item)]
     return subprocess.Popen([sys.executable, "-m", "cluster.launch", "--run-dir", str(run_dir), *args], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def ray_folders_of(run_dir: Path) -> list[str]:
-    """The local Ray folders whose launcher ran `run_dir` (other launches, in parallel tests, have their own)."""
-    mine = []
-    for folder in glob.glob("/tmp/solrl-ray-*"):
-        with contextlib.suppress(OSError, ValueError):  # another launch's folder, being made or removed
-            if json.loads(Path(folder, "launcher.json").read_text())["run_dir"] == str(run_dir):
-                mine.append(folder)
-    return mine
-
-
-@pytest.mark.ray
-def test_a_clean_local_run_removes_its_ray_folder_and_prints_where_it_is(tmp_path):
-    """Through the real CLI, with two rewards served by a scorer actor: the local Ray has room for every
-    actor (scorers included), and a reward without an accuracy still ends in a summary line."""
-    run = launch(tmp_path / "run", "run.iterations=1", "cluster.scorers.count=1",
-                 "reward.weights={digit_alignment: 1.0, jpeg_compressibility: 0.5}")
-    out, _ = run.communicate(timeout=600)
-    assert run.returncode == 0, out[-3000:]
-    assert out.count(f"run directory: {tmp_path / 'run'}") == 2
-    assert "held-out reward " in out and "accuracy" not in out.split("held-out reward ")[-1].splitlines()[0]
-    # the driver names what it started, as the dashboard shows it, and the iteration line its progress
-    assert ": solrl-learner-0..0, solrl-explorer-0..0, solrl-scorer-0..0" in out, out[-3000:]
-    assert "iteration 1/1 (100%)" in out and "elapsed, done" in out
-    assert not ray_folders_of(tmp_path / "run")  # its own Ray folder is gone (others' are not ours to judge)
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["iterations"] == 1 and summary["samples"] == str(tmp_path / "run" / "samples.png")
-    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert {"reward_digit_alignment", "reward_jpeg_compressibility"} <= metrics.keys()
-    # the run's measured phase costs, in the format the capacity model reads (python -m bench.plan --costs)
-    costs = load_costs(tmp_path / "run" / "costs.json")
-    assert costs.explore_s_per_sample_step > 0 and costs.regen_s_per_sample_step > 0 and costs.train_s_per_sample > 0
-    assert summary["costs"] == str(tmp_path / "run" / "costs.json")
 
 
 @pytest.mark.ray

@@ -1,8 +1,12 @@
-"""A node that leaves for good, on a Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`),
-each with room for exactly one actor: an explorer's node removed leaves Ray no room to restart it, so it stays
-"restarting". After `cluster.explorers.lost_after_s` the pool removes it (logged, counted, the `explorers` row
-drops) and the run goes on with the other; a node added back gets a weight-sync service, Ray places the freed
-bundle there, and the pool grows back with a new explorer on it. The weights are the single process's."""
+"""A node that leaves for good, on one Ray cluster of three nodes on this machine (`ray.cluster_utils.Cluster`: a
+raylet and an object store each) that the tests share, each running its own job. With room elsewhere, a spread
+job (each actor on its own node, one weight-sync service per node) has its explorer restarted there, and the
+node's service is dropped. With none (each node with room for exactly one actor), the explorer stays "restarting":
+after `cluster.explorers.lost_after_s` the pool removes it (logged, counted, the `explorers` row drops) and the run
+goes on with the other; a node added back gets a weight-sync service, Ray places the freed bundle there, and the
+pool grows back with a new explorer on it. The weights are the single process's. One job cannot hold two cases:
+the 1 s deadline would remove an explorer merely restarting on a node that joined, and the spread job needs
+room that the others must not have."""
 
 from __future__ import annotations
 
@@ -12,23 +16,53 @@ import time
 import pytest
 import ray
 from jobs import assert_same, final_weights, single_process
+from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
-from test_multinode import node_of, one_cpu_nodes
 from tiny import tiny_config
 
 from cluster.runtime import driver
 
-pytestmark = pytest.mark.ray
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+# One pytest-xdist worker runs them all (loadgroup), on one cluster: a start is seconds of CPU in a GCS and three
+# raylets with their agents.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("three_nodes")]
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # node_of runs inside the actors
 
 LOST_AFTER_S = 1.0
+# Notice a node's death within ~1 s (the default, ~16 s, would only slow the tests down).
+FAST_HEALTH_CHECK = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
+                     "health_check_timeout_ms": 500, "health_check_failure_threshold": 2}
+
+
+def node_of(_actor) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and two workers, one CPU each, this process its driver; a dead node noticed within ~1 s."""
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1)
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 @pytest.fixture
-def three_single_slot_nodes():
-    """A head and two workers, one CPU each: the learner and two explorers (one CPU each) fill them."""
-    with one_cpu_nodes(3) as nodes:
-        yield nodes
+def three_nodes(cluster):
+    """The cluster and its workers, three nodes of one CPU again: each test removes a worker (the lost-node ones
+    add one back)."""
+    for _ in range(2 - len(cluster.worker_nodes)):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    return cluster, list(cluster.worker_nodes)
 
 
 def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
@@ -49,9 +83,8 @@ def when_up(call, timeout_s: float = 120.0):
             time.sleep(0.5)
 
 
-def test_an_explorer_lost_with_its_node_is_removed_and_the_pool_grows_back_when_room_returns(
-        three_single_slot_nodes, tmp_path):
-    cluster, workers = three_single_slot_nodes
+def test_an_explorer_lost_with_its_node_is_removed_and_the_pool_grows_back_when_room_returns(three_nodes, tmp_path):
+    cluster, workers = three_nodes
     cfg = tiny_config("run.iterations=5", "cluster.explorers.count=2", "cluster.explorers.num_cpus=1",
                       "cluster.learner.num_cpus=1", f"cluster.explorers.lost_after_s={LOST_AFTER_S}", ray=True)
     logged: list[str] = []
@@ -101,11 +134,11 @@ def test_an_explorer_lost_with_its_node_is_removed_and_the_pool_grows_back_when_
     assert not left, f"named actors left behind: {left}"
 
 
-def test_an_explorer_restarted_on_a_node_that_joined_later_finds_that_nodes_service(three_single_slot_nodes, tmp_path):
+def test_an_explorer_restarted_on_a_node_that_joined_later_finds_that_nodes_service(three_nodes, tmp_path):
     """Before the deadline, room returns on a new node: Ray restarts the same explorer there, and its node's
     weight-sync service, which did not exist when the job started, is found by name once the driver has
     started it. The pool never shrinks, and the weights are the single process's."""
-    cluster, workers = three_single_slot_nodes
+    cluster, workers = three_nodes
     cfg = tiny_config("run.iterations=4", "cluster.explorers.count=2", "cluster.explorers.num_cpus=1",
                       "cluster.learner.num_cpus=1", "cluster.explorers.lost_after_s=600", ray=True)
     logged: list[str] = []
@@ -134,3 +167,42 @@ def test_an_explorer_restarted_on_a_node_that_joined_later_finds_that_nodes_serv
     assert [m["explorers"] for m in history] == [2] * 4 and not any(m.get("explorers_lost") for m in history)
     assert [m["explored_candidates"] for m in history] == [16] * 4
     assert_same(weights, single_process(cfg))
+
+
+def test_spread_over_three_nodes_and_a_node_removed_mid_run_change_nothing(three_nodes, tmp_path, reference_weights):
+    """Each actor (half a CPU) on its own node; with room elsewhere, the removed node's explorer restarts there."""
+    cluster, workers = three_nodes
+    cfg = tiny_config("cluster.explorers.count=2", "cluster.placement_strategy=SPREAD", ray=True)
+    seen: dict = {}
+
+    def spread(job, _status) -> None:
+        seen["learner"] = ray.get(job.learner.__ray_call__.remote(node_of))
+        seen["explorers"] = ray.get([e.__ray_call__.remote(node_of) for e in job.explorers])
+
+    def remove_an_explorers_node(job, metrics) -> None:
+        if metrics["iteration"] != 0:
+            return
+        # the first snapshots reached every node's service: the learner's through shared memory, the
+        # others' through the object store
+        seen["versions"] = ray.get([s.version.remote() for s in job.services.values()])
+        worker_of = {w.node_id: w for w in workers}
+        victim = next(i for i, node in enumerate(seen["explorers"]) if node in worker_of)
+        seen["victim"] = victim, seen["explorers"][victim]
+        cluster.remove_node(worker_of[seen["explorers"][victim]])
+
+    job, history = driver.run(cfg, str(tmp_path / "run"), log=lambda _: None, on_start=spread,
+                              on_iteration=remove_an_explorers_node)
+    try:
+        weights = final_weights(job, tmp_path / "run" / "final")
+        victim, gone = seen["victim"]
+        moved_to = when_up(lambda: job.explorers[victim].__ray_call__.remote(node_of))
+        lost = ray.get(job.learner.__ray_call__.remote(lambda learner: learner.publisher.lost_nodes))
+    finally:
+        driver.stop(job)
+    assert len({seen["learner"], *seen["explorers"]}) == 3  # SPREAD: each actor on its own node
+    assert len(job.services) == 3 and seen["versions"] == [1, 1, 1]
+    assert moved_to != gone and lost == [gone]  # the explorer restarted elsewhere; the node's service is dropped
+    assert [m["iteration"] for m in history] == [0, 1]
+    assert_same(weights, reference_weights)
+    left = [n for n in ray.util.list_named_actors(all_namespaces=True) if "solrl" in str(n)]
+    assert not left, f"named actors left behind: {left}"
