@@ -96,7 +96,7 @@ def _shared_ray():
 @pytest.fixture
 def local_ray(_shared_ray):
     """A local Ray of 2 CPUs, shared by every test of this process that asks for it: started on first use, and
-    again after a test that ran its own cluster (`own_ray`, or tests/cluster/test_multinode.py's nodes) and shut
+    again after a test that ran its own cluster (`own_ray`, or tests/cluster/test_lost_node.py's nodes) and shut
     it down. Each start costs seconds of CPU in a raylet, a GCS and an agent: started per module, it was started
     ~20 times a run. Every test leaves it as it found it (`no_leftover_actors` checks the named actors)."""
     import ray

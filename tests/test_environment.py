@@ -5,6 +5,7 @@ user's script or notebook in `.venv` would, and as the README's "load the result
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -43,3 +44,32 @@ def test_a_fresh_venv_process_imports_and_runs_torchvision_transformers_and_diff
     assert result["project"] == []
     torch_version, vision_version = (v.split("+")[0] for v in result["versions"])
     assert (torch_version, vision_version) == ("2.14.1", "0.29.1")  # the matched pair the Makefile installs
+
+
+GROUPED = """
+import os, pytest
+
+@pytest.mark.xdist_group("together")
+@pytest.mark.parametrize("i", range(3))
+def test_grouped(i, request):
+    out = os.path.join(os.environ["GROUPED_OUT"], f"{request.node.path.stem}-{i}")
+    with open(out, "w") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"])
+"""
+
+
+def test_pytest_xdist_keeps_a_group_on_one_worker(tmp_path):
+    """`make test` relies on `--dist loadgroup`: tests sharing an expensive fixture across files (the three hosts
+    and the learner group's run, tests/cluster/conftest.py) must run in one worker. With pytest 9.2.0 xdist 3.8
+    silently stops grouping (pytest-dev/pytest-xdist#1386), hence the pinned pytest 9.1.1."""
+    tests, out = tmp_path / "tests", tmp_path / "out"
+    tests.mkdir()
+    out.mkdir()
+    for name in ("test_a.py", "test_b.py"):
+        (tests / name).write_text(GROUPED)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q",
+                          "-p", "no:cacheprovider", str(tests)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env={**os.environ, "GROUPED_OUT": str(out)})
+    assert run.returncode == 0, run.stdout[-3000:]
+    workers = {path.name: path.read_text() for path in out.iterdir()}
+    assert len(workers) == 6 and len(set(workers.values())) == 1, workers

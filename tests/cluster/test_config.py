@@ -177,7 +177,8 @@ def test_tolerant_hit_counts_swaps_among_near_ties():
     assert tolerant_hit_rate(proxy, reference, 2, tolerance=0.6) == 1.0
 
 
-def test_launch_refuses_a_bad_config_before_ray_starts(capsys, tmp_path):
+def test_launch_refuses_a_bad_config_before_ray_starts(capsys, tmp_path, own_ray):
+    """`own_ray`: the process's shared Ray is down first, so `is_initialized` says what the launcher did."""
     import ray
 
     from cluster import launch

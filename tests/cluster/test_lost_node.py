@@ -22,8 +22,8 @@ from tiny import tiny_config
 
 from cluster.runtime import driver
 
-# One pytest-xdist worker runs them all (loadgroup), on one cluster: a start is seconds of CPU in a GCS and three
-# raylets with their agents.
+# One cluster for all (a start is ~10 s of CPU in a GCS and three raylets with their agents): one pytest-xdist
+# worker runs them (loadgroup; pytest is pinned where xdist honours the mark, tests/test_environment.py).
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("three_nodes")]
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # node_of runs inside the actors
 
