@@ -87,15 +87,6 @@ def test_two_explorers_streamed_in_arrival_order_give_the_single_process_weights
     assert_same(streamed, reference_weights)
 
 
-def test_lora_codec_changes_nothing(local_ray, tmp_path, reference_weights):
-    """Explorers merge the shipped adapter into their own base weights."""
-    weights, history = run_job(config("cluster.codec=lora"), tmp_path / "lora")
-    assert weights.keys() == reference_weights.keys()
-    for key, value in reference_weights.items():  # the merge runs in another process: equal to fp32 rounding
-        torch.testing.assert_close(weights[key], value, rtol=1e-5, atol=1e-6)
-    assert all("rank_spearman" in m for m in history)
-
-
 def test_explorers_on_the_real_fp8_engine_train_the_project_fp8_weights(local_ray, tmp_path):
     """The job with its explorers on torchao's FP8 engine trains bitwise the weights of the single process
     exploring with the project's FP8 fake quantization (same E4M3 codes, so the same seeds are kept), and

@@ -2,7 +2,10 @@
 series selected by its `run` label, as the dashboard does), checked for their values, not only their names —
 with one explorer death mid-run, so the fault counters are checked too and the job's exploration totals must
 survive it, and a reward scorer, so its series are there. The same scrape checks the Grafana dashboard: every series a
-panel queries is one the job really exports."""
+panel queries is one the job really exports. The job ships its weights in the lora codec (explorers merge the
+adapters into their own base weights), and ends with the single-process trainer's weights: neither the death, the
+scorer, the evaluation nor the codec changes them (a job's cost is mostly starting its actors, so one job carries
+them all)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from collections import defaultdict
 
 import pytest
 import ray
+import torch
 from faults import die_on_explore_call
+from jobs import final_weights
 from tiny import tiny_config
 
 from actors.metrics import LEARNER
@@ -43,11 +48,10 @@ def scrape(port: int, run: str) -> tuple[dict[str, float], dict[str, list[dict[s
     return dict(values), dict(labels)
 
 
-def test_dashboard_metrics_carry_the_runs_values(local_ray, tmp_path):
+def test_dashboard_metrics_carry_the_runs_values(local_ray, tmp_path, reference_weights):
     cfg = tiny_config(f"prompts.per_iteration={PROMPTS}", f"prompts.candidates={CANDIDATES}",
                       f"run.iterations={ITERATIONS}", f"eval.every={ITERATIONS}", "cluster.scorers.count=1",
-                      "cluster.scorers.num_cpus=0.25",
-                      ray=True)
+                      "cluster.scorers.num_cpus=0.25", "cluster.codec=lora", ray=True)
     # The only explorer dies once, mid-run: in its third slot (iteration 1's first), after it counted
     # iteration 0's two groups and one snapshot. Ray drops a dead process's series with it, so its own
     # counters restart from 0; the job's totals are the driver's and lose nothing.
@@ -82,8 +86,12 @@ def test_dashboard_metrics_carry_the_runs_values(local_ray, tmp_path):
                     and values.get("ray_solrl_scorer_images_total") == sum(batches) and queried <= values.keys():
                 break
             time.sleep(2)
+        weights = final_weights(job, tmp_path / "metrics" / "final")
     finally:
         driver.stop(job)  # after scraping: the learner's gauges leave with its process
+    assert weights.keys() == reference_weights.keys()
+    for key, value in reference_weights.items():  # the lora merge runs in another process: equal to fp32 rounding
+        torch.testing.assert_close(weights[key], value, rtol=1e-5, atol=1e-6)
     for name, value in wanted.items():
         assert values.get(name) == value, (name, values.get(name), sorted(values))
     # One writer, one record: metrics.jsonl holds the rows the driver returned and the gauges were set from,
