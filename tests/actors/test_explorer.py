@@ -1,19 +1,18 @@
 """An explorer holds one transformer, whatever the weight-sync codec, and ranks as before.
 
-A real Explorer actor on a local Ray, fed by a real weight-sync service with one snapshot of the
-single-process trainer's sampling policy in each codec (the lora one with its adapters moved off their
-initial values, so the merge changes the weights). Inside the actor the distinct tensor storages are
-counted: one transformer (the engine is the policy's own), the text encoders and, for lora, a copy of
-exactly the adapted layers' weights. Its ranked group is bitwise the one the old arrangement gives in
-this process: the policy's transformer kept beside a quantized copy, a lora snapshot merged onto it.
+A real Explorer, built in this process as its actor builds it, fed by a real weight-sync service (an actor
+of the local Ray) with one snapshot of the single-process trainer's sampling policy in each codec (the lora one
+with its adapters moved off their initial values, so the merge changes the weights). The distinct tensor
+storages it holds are counted: one transformer (the engine is the policy's own), the text encoders and, for
+lora, a copy of exactly the adapted layers' weights. Its ranked group is bitwise the one the old arrangement
+gives: the policy's transformer kept beside a quantized copy, a lora snapshot merged onto it. (Explorer actors
+in other processes reproduce the single process bit for bit in tests/cluster/test_cluster.py; an actor here
+would add only its start, seconds of imports.)
 """
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-import ray
 import torch
 from tiny import tiny_config
 from torch import nn
@@ -32,7 +31,6 @@ from weight_sync.service import start_services, stop_services
 from weight_sync.subscriber import WeightSubscriber
 
 pytestmark = [pytest.mark.ray]
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # census runs inside the actor
 
 CONFIG = tiny_config(ray=True)
 PROMPT = prompt_for(3)
@@ -64,8 +62,8 @@ def module_tensors(modules) -> list[torch.Tensor]:
 
 
 def census(explorer: Explorer) -> dict:
-    """What the explorer holds (run inside the actor): every storage of its policy's modules and its
-    subscriber's LoRA base, and whether its policy's transformer is its engine's module."""
+    """What the explorer holds: every storage of its policy's modules and its subscriber's LoRA base, and whether
+    its policy's transformer is its engine's module."""
     base = explorer.subscriber.base or {}
     held = storages([*module_tensors(explorer.policy.components.values()), *base.values()])
     return {"one_module": explorer.policy.transformer is explorer.engine.module, "held": sum(held.values()),
@@ -88,29 +86,25 @@ def old_arrangement(state: dict[str, torch.Tensor], codec: str, meta: dict, quan
 @pytest.mark.parametrize("codec", ["dense", "nvfp4", "lora"])
 def test_an_explorer_holds_one_transformer_and_ranks_as_with_two(codec, local_ray, snapshots):
     services = start_services(keep=2, tag=f"one-transformer-{codec}")
-    explorer = ray.remote(Explorer).options(num_cpus=0.5).remote(
-        CONFIG.model, CONFIG.explore, CONFIG.reward, services, sampling=exploration_sampling(CONFIG),
-        run_seed=CONFIG.run.seed, candidates=CONFIG.prompts.candidates, prompt_source=CONFIG.prompts.source)
     state, meta = snapshots[codec]
+    threads = torch.get_num_threads()  # the Explorer sets its process's torch threads (1), as the reference runs
     try:
-        quantize = ray.get(explorer.__ray_call__.remote(lambda e: e.engine.plan.quantized_weights))
+        explorer = Explorer(CONFIG.model, CONFIG.explore, CONFIG.reward, services,
+                            sampling=exploration_sampling(CONFIG), run_seed=CONFIG.run.seed,
+                            candidates=CONFIG.prompts.candidates, prompt_source=CONFIG.prompts.source)
+        quantize = explorer.engine.plan.quantized_weights
         assert len(quantize) == 8  # the 8 FFN Linears run in NVFP4: the nvfp4 codec packs them
         WeightPublisher(services, codec, quantize=quantize if codec == "nvfp4" else ()).publish(state, 1, meta=meta)
-        group = ray.get(explorer.explore.remote(0, 0, PROMPT, 1))
-        held = ray.get(explorer.__ray_call__.remote(census))
-    finally:
-        ray.kill(explorer)
-        stop_services(services)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the actor: bitwise the same arithmetic
-    try:
+        group = explorer.explore(0, 0, PROMPT, 1)
+        held = census(explorer)
+        del explorer
         policy, engine = old_arrangement(state, codec, meta, quantize)
         reference = explore_group(policy, engine.module, build_reward_from_config(CONFIG.reward), iteration=0,
                                   slot=0, prompt=PROMPT, seeds=candidate_seeds(CONFIG.run.seed, 0, 0, 8),
                                   sampling=exploration_sampling(CONFIG), policy_version=1)
     finally:
         torch.set_num_threads(threads)
+        stop_services(services)
     assert group.seeds == reference.seeds and torch.equal(group.proxy, reference.proxy)
 
     before = sum(storages(module_tensors([*policy.components.values(), engine.module])).values())
