@@ -53,7 +53,7 @@ from diffusion.quant import (
 
 # Beyond the GPU image's torch, transformers and peft: what this check imports (pip download these there).
 WHEELS = ("diffusers==0.42.1", "safetensors==0.8.0", "pydantic==2.14.3", "pyyaml==6.0.3", "torchao==0.18.0",
-          "nvidia-modelopt==0.47.0", "accelerate==1.15.0", "pytest==9.2.0", "numpy==2.4.6", "scipy==1.17.1")
+          "nvidia-modelopt==0.47.0", "accelerate==1.15.0", "pytest==9.1.1", "numpy==2.4.6", "scipy==1.17.1")
 # The files that hold the gpu-marked tests (a test keeps this list whole): the GPU machine has no Ray, so the
 # check collects these alone rather than the whole suite.
 GPU_TEST_FILES = ("tests/diffusion/test_gpu_paths.py", "tests/weight_sync/test_planned_gpu_path.py")

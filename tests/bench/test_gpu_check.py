@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,9 @@ def test_every_gpu_marked_test_is_in_the_files_the_check_runs() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "gpu" and ast.unparse(node.value) == "pytest.mark":
                 marked.add(path.relative_to(TESTS.parent).as_posix())
     assert marked == set(GPU_TEST_FILES)
+
+
+def test_the_wheels_to_carry_are_the_versions_installed_here() -> None:
+    """Each wheel the GPU machine is given is the version this venv holds (the one the CPU suite passes in)."""
+    wheels = dict(wheel.split("==", 1) for wheel in WHEELS)
+    assert {name: version(name) for name in wheels} == wheels
