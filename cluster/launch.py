@@ -345,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}")
     if plan.complete:
         return 0
+    try:  # a running job's directory is refused before the preflight's seconds (the lock is taken after it)
+        run_lock.refuse_if_held(plan.run_dir)
+    except RunLocked as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     # the preflight of `python -m cluster.check` (backend, layer plan, memory); resolve checked the inputs
     rows = run_checks(plan.checked.config, inputs_checked=True)
     print(format_rows(rows))

@@ -97,15 +97,26 @@ def _user() -> str | None:
         return None
 
 
+def _in_use(run_dir: Path, holder: dict[str, Any]) -> RunLocked:
+    return RunLocked(f"{run_dir} is in use by a running job ({_describe(holder)}): one job per run directory; wait "
+                     "for it, stop it (Ctrl-C, or `ray job stop` for a submission), or choose another --run-dir")
+
+
+def refuse_if_held(run_dir: Path) -> None:
+    """Raise `RunLocked` if a running job holds the run directory, without taking the lock or writing anything:
+    the launcher asks before its preflight, so a second launcher is refused at once (it takes the lock itself,
+    race-free, after the preflight)."""
+    if running_holder(run_dir) is not None:
+        raise _in_use(run_dir, read_holder(run_dir))
+
+
 def acquire(run_dir: Path, submission_id: str | None = None) -> RunLock:
     """Take the run directory's lock (creating the directory) or raise `RunLocked` naming the holder."""
     run_dir.mkdir(parents=True, exist_ok=True)
     file = _open(run_dir)
     if not _try_lock(file, run_dir):
         file.close()
-        raise RunLocked(f"{run_dir} is in use by a running job ({_describe(read_holder(run_dir))}): one job per "
-                        "run directory; wait for it, stop it (Ctrl-C, or `ray job stop` for a submission), or "
-                        "choose another --run-dir")
+        raise _in_use(run_dir, read_holder(run_dir))
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": _user(),
               "submission_id": submission_id, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     file.seek(0)

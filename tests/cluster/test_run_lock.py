@@ -35,10 +35,16 @@ def test_a_second_holder_is_refused_naming_the_first_and_the_lock_dies_with_its_
         assert f"in use by a running job (pid {first.pid} on {socket.gethostname()}" in message
         assert "Ray submission solrl-exp-1" in message and "one job per run directory" in message
         assert run_lock.running_holder(run)["pid"] == first.pid
+        with pytest.raises(run_lock.RunLocked) as asked:  # the launcher's question before its preflight
+            run_lock.refuse_if_held(run)
+        assert str(asked.value) == message
     finally:
         os.kill(first.pid, signal.SIGKILL)  # no chance to clean up: the kernel releases the lock
         first.wait()
     assert run_lock.running_holder(run) is None
+    run_lock.refuse_if_held(run)  # free: no error
+    run_lock.refuse_if_held(tmp_path / "never made")
+    assert not (tmp_path / "never made").exists()  # asking writes nothing
     lock = run_lock.acquire(run, None)  # stale lock file, free lock: taken, and the file names the new holder
     assert json.loads((run / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
     lock.release()
