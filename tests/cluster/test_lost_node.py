@@ -15,6 +15,7 @@ import time
 
 import pytest
 import ray
+from hosts import NO_RAY_METRICS
 from jobs import assert_same, final_weights, single_process
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
@@ -39,20 +40,24 @@ def node_of(_actor) -> str:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head and two workers, one CPU each, this process its driver; a dead node noticed within ~1 s."""
+    """A head and two workers, one CPU each, this process its driver; a dead node noticed within ~1 s, and Ray's
+    own metrics off (`hosts.NO_RAY_METRICS`: what a removed node costs the agent otherwise)."""
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK})
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with pytest.MonkeyPatch.context() as patch:  # for every node process started in the module (tests add nodes)
+        for name, value in NO_RAY_METRICS.items():
+            patch.setenv(name, value)
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK})
+        try:
+            for _ in range(2):
+                cluster.add_node(num_cpus=1)
+            ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+            cluster.wait_for_nodes()
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
 
 
 @pytest.fixture
