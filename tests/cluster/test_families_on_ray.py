@@ -1,12 +1,13 @@
 """The whole job on each model family's tiny real pipeline, in latent space, on a real local Ray.
 
-For SD3.5, FLUX.1, SANA and Qwen-Image folders (`diffusion.tiny`), with the JPEG-compressibility reward and a
-prompt file: two explorers give bitwise the single-process trainer's weights and export the LoRA beside the
-transformer. Qwen-Image's job is the command line's (`python -m cluster.launch`, its own local Ray), scaled from
-two explorers to one between its iterations: the family with the most family hooks (a negative prompt, padded
-prompts, rescaled guidance) runs to the end the way a user runs it; the launcher's path does not depend on the
-family past the config, which `cluster.check` reads per family (tests/cluster/test_check.py). Resumes per
-family: tests/learner/test_export.py.
+For FLUX.1, SANA and Qwen-Image folders (`diffusion.tiny`), with the JPEG-compressibility reward and a prompt
+file: two explorers give bitwise the single-process trainer's weights and export the LoRA beside the
+transformer (SD3.5's family is the embedded world's, on Ray in every job of test_cluster.py). Qwen-Image's job
+is the command line's (`python -m cluster.launch`, its own local Ray), scaled from two explorers to one between
+its iterations: the family with the most family hooks (a negative prompt, padded prompts, rescaled guidance)
+runs to the end the way a user runs it; the launcher's path does not depend on the family past the config,
+which `cluster.check` reads per family (tests/cluster/test_check.py). Resumes per family:
+tests/learner/test_export.py.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("no_leftover_actors")]
 
 # Qwen-Image's job is the launcher's (below), on two then one explorer: a job's cost is mostly starting its actors.
-IN_PROCESS_FAMILIES = ["sd3", "flux", "sana"]
+# SD3.5's is every job of test_cluster.py: the embedded world is an `SD3Transformer2DModel` pipeline (the sd3
+# family), one or two explorers bitwise the single process in each; its tiny folder's three text encoders are
+# tests/diffusion/test_loading.py's parity and test_export's resume and export.
+IN_PROCESS_FAMILIES = ["flux", "sana"]
 
 
 @pytest.fixture(scope="module")
