@@ -11,7 +11,6 @@ import shutil
 import sys
 
 import numpy as np
-import open_clip
 import pytest
 import torch
 from PIL import Image
@@ -69,7 +68,16 @@ TINY_CLIP_NAME = "tiny-hpsv2-test"
 
 
 @pytest.fixture(scope="module")
-def hps_folder(tmp_path_factory):
+def open_clip():
+    """open_clip, imported where a test uses it, not at collection: it imports timm, which imports wandb when
+    installed (the dev extra), 6 s in every pytest-xdist worker that collects this file."""
+    import open_clip
+
+    return open_clip
+
+
+@pytest.fixture(scope="module")
+def hps_folder(tmp_path_factory, open_clip):
     """A random tiny CLIP saved as the official HPS_v2.1_compressed.pt: a pickle of {'state_dict': ...}."""
     folder = tmp_path_factory.mktemp("hpsv2")
     torch.manual_seed(0)
@@ -84,7 +92,7 @@ def hps(hps_folder) -> HPSv2:
 
 
 @pytest.fixture(scope="module")
-def hps_official(hps_folder, tmp_path_factory):
+def hps_official(hps_folder, tmp_path_factory, open_clip):
     """HPSv2's img_score.score, with open_clip's own factory, checkpoint loader, transform and tokenizer:
     score(PIL images, prompts) = diag(image_features @ text_features.T)."""
     config_file = tmp_path_factory.mktemp("open_clip_config") / f"{TINY_CLIP_NAME}.json"
@@ -132,7 +140,8 @@ def test_hpsv2_score_is_a_cosine_without_logit_scale(hps, photo):
     assert float(hps.model.logit_scale.exp()) > 10
 
 
-def test_hpsv2_preprocessing_matches_open_clip_longest_resize_and_pad_on_a_photograph(hps, hps_official, photo):
+def test_hpsv2_preprocessing_matches_open_clip_longest_resize_and_pad_on_a_photograph(hps, hps_official, photo,
+                                                                                       open_clip):
     ours = hps.preprocess(as_tensor([photo]))[0]
     official = hps_official.transform(Image.fromarray(photo))
     assert ours.shape == official.shape == (3, 224, 224)
@@ -172,7 +181,7 @@ def test_hpsv2_grey_images_score_as_their_rgb_copies(hps, photo):
     torch.testing.assert_close(hps(grey, PROMPTS[:2]), hps(grey.expand(-1, 3, -1, -1), PROMPTS[:2]), atol=0, rtol=0)
 
 
-def test_hpsv2_tokenizer_is_open_clips_bundled_vit_h_14_tokenizer():
+def test_hpsv2_tokenizer_is_open_clips_bundled_vit_h_14_tokenizer(open_clip):
     tokenizer = build_tokenizer(open_clip_config("ViT-H-14"))
     expected = open_clip.get_tokenizer("ViT-H-14")(PROMPTS)
     tokens = tokenizer(PROMPTS)
