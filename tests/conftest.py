@@ -15,7 +15,17 @@ import torch
 
 # Two torch threads, the cores of the machines the suite is sized for; under pytest-xdist (`make test` runs a
 # worker per core) each worker takes its share, so parallel workers do not oversubscribe the cores.
-torch.set_num_threads(max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+THREADS = max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+torch.set_num_threads(THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Each test starts with the worker's share of threads, whatever the test before set (`bench.demo.main`, run
+    in-process, takes 2): two workers of 2 threads on 2 cores spin in each other's OpenMP barriers, and the
+    in-process training tests after such a test took 3-30x their CPU (measured: 1.3 s alone, 40-49 s there)."""
+    yield
+    torch.set_num_threads(THREADS)
 
 
 @pytest.fixture(scope="session")

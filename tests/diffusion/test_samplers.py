@@ -122,10 +122,7 @@ def test_seed_replay_is_bit_identical_across_processes(tmp_path, embedded_policy
     subprocess.run([sys.executable, "-c", _REPLAY, str(out)], check=True, timeout=300)
     other = load_file(str(out))
     seeds = candidate_seeds(11, 2, 3, 4)
-    torch.set_num_threads(1)
-    try:
-        here = embedded_policy.sample(["a handwritten digit five"] * 4, seeds, steps=6, solver="dpm2").x0
-    finally:
-        torch.set_num_threads(2)
+    torch.set_num_threads(1)  # as the replay; the next test gets its count back (tests/conftest.py)
+    here = embedded_policy.sample(["a handwritten digit five"] * 4, seeds, steps=6, solver="dpm2").x0
     assert torch.equal(other["noise"], initial_noise(seeds, embedded_policy.latent_shape))
     assert torch.equal(other["x0"], here)
