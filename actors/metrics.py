@@ -6,8 +6,9 @@ jobs on one cluster stay apart) and, on per-actor series, `explorer` / `scorer` 
 its name `solrl-explorer-<i>`). `cluster.monitoring.grafana` builds the Grafana dashboard from this table, so a panel
 can only query a declared metric, and each panel takes its unit from here.
 
-Ray drops a process's series when the process dies, so an explorer's own counters undercount the job after
-it restarts. The job's totals (`solrl_job_*`) are the driver's: it counts what every ranked group reports.
+An explorer's own counters are per process (Ray's `WorkerId` label): a dying process's series keeps what it had
+reported and loses what it counted after its last report, so their sum can undercount the job.
+The job's totals (`solrl_job_*`) are the driver's: it counts what every ranked group reports.
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ REWARD_COMPONENT = Metric("solrl_reward_component", "gauge", "none",
                           tags=("run", "reward"))
 EVAL_DETAIL = Metric("solrl_eval_detail", "gauge", "none",
                      "held-out mean of each reward detail (accuracy, log p, components)", tags=("run", "detail"))
-# Per explorer process, for per-explorer rates: a restarted explorer starts again from 0 (Ray drops a dead
-# process's series), so a sum of these undercounts the job; its totals are the driver's `solrl_job_*`.
+# Per explorer process, for per-explorer rates: a dying process's unreported tail is lost (its restart starts a
+# series of its own), so a sum of these can undercount the job; its totals are the driver's `solrl_job_*`.
 EXPLORER = (
     _counter(None, "solrl_explored_candidates", "candidates explored by this explorer process",
              tags=("run", "explorer")),
