@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -140,9 +140,23 @@ class ARTConfig(BaseModel):
     pairwise: bool = Field(False, description="replace rewards by winner 1 / loser 0 / tie 0.5 (K = 2)")
 
 
-# The EMA interval of each objective's source: yifan123/flow_grpo `scripts/train_sd3.py` builds its
-# EMAModuleWrapper with update_step_interval=8; DiffusionNFT and Sol-RL update it every step.
-OBJECTIVE_EMA_EVERY: dict[str, int] = {"flow_grpo": 8}
+class ObjectiveDefaults(NamedTuple):
+    """The defaults an objective's source runs with, where they differ by objective; a run that leaves the
+    field unset (None) takes its objective's, written into config.yaml by `TrainerConfig`."""
+
+    ema_every: int  # `training.ema_every`: optimizer steps between EMA folds
+    timestep_fraction: float  # `learner.timestep_fraction`: the share of the sampler's steps trained
+
+
+# nft: NVlabs/Sana `configs/sol_rl/base.py` (train.timestep_fraction 0.6; the EMA every step). art: the same
+# (DiffusionART publishes no fraction of its own). flow_grpo: yifan123/flow_grpo `config/grpo.py`
+# (timestep_fraction 0.99: the first 9 of 10 steps) and `scripts/train_sd3.py` (EMAModuleWrapper with
+# update_step_interval=8).
+OBJECTIVE_DEFAULTS: dict[str, ObjectiveDefaults] = {
+    "nft": ObjectiveDefaults(ema_every=1, timestep_fraction=0.6),
+    "art": ObjectiveDefaults(ema_every=1, timestep_fraction=0.6),
+    "flow_grpo": ObjectiveDefaults(ema_every=8, timestep_fraction=0.99),
+}
 
 # yifan123/flow_grpo `config/grpo.py`: the KL weight β of each reward's SD3.5-M config (pickscore_sd3,
 # clipscore_sd3, geneval_sd3, general_ocr_sd3). Other rewards, and weighted sums, take GRPO_KL_WEIGHT.
@@ -173,6 +187,9 @@ class GRPOConfig(BaseModel):
                                                     "shuffled: a random share per sample, as DiffusionNFT")
     drop_zero_advantage: bool = Field(True, description="leave out samples whose advantage is exactly 0 (a "
                                       "prompt whose rewards are all equal), as the source does")
+    cfg_gradient: Literal["conditional", "both"] = Field(
+        "conditional", description="under CFG, which branches of v_u + s·(v_c − v_u) the gradient flows through: "
+        "conditional (the source's compute_log_prob detaches v_u: s·∇v_c) or both ((1 − s)·∇v_u + s·∇v_c)")
 
 
 class DecayConfig(BaseModel):
@@ -204,12 +221,19 @@ class DecayConfig(BaseModel):
         return nft_decay(step, *DECAY_TYPES[self.type])
 
 
+# How a LoRA adapter's A is first drawn: the keys of `learner.lora_adapters.LORA_INITS`.
+LoraInit = Literal["gaussian", "kaiming"]
+
+
 class TrainingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["lora", "full"] = "lora"
     lora_rank: int = Field(32, ge=1)
     lora_alpha: int = Field(64, ge=1)
+    lora_init: LoraInit = Field(
+        "gaussian", description="A's initial draw (B = 0): gaussian, A ~ N(0, (1/r)²), as every official config "
+        "(peft init_lora_weights=\"gaussian\"); kaiming: peft's default kaiming-uniform (std 1/√(3·fan_in))")
     lora_targets: list[str] | None = Field(None, description="None: the model family's LoRA targets")
     lr: float = Field(3e-4, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -233,7 +257,10 @@ class LearnerConfig(BaseModel):
     objective: Objective = "nft"
     selection: SelectionMode = "best_worst"
     advantage_mode: AdvantageMode = "all"
-    timestep_fraction: float = Field(0.6, gt=0, le=1, description="share of the sampler's timesteps trained")
+    timestep_fraction: float | None = Field(None, gt=0, le=1, description="share of the sampler's timesteps "
+                                            "trained; None: the objective's source (nft and art 0.6, NVlabs/Sana "
+                                            "Sol-RL; flow_grpo 0.99, yifan123/flow_grpo), recorded in the run's "
+                                            "config")
     micro_batch: int = Field(192, ge=1, description="samples per forward/backward")
     shuffle_rewards: bool = Field(False, description="control run: permute each prompt's rewards")
     nft: NFTConfig = NFTConfig()
@@ -289,8 +316,11 @@ class TrainerConfig(BaseModel):
         # As the explore solver: the objective's source defaults that depend on other sections are written
         # into the tree, so config.yaml says which KL weight and EMA interval the run trained with.
         if self.training.ema_every is None:
-            every = OBJECTIVE_EMA_EVERY.get(self.learner.objective, 1)
+            every = OBJECTIVE_DEFAULTS[self.learner.objective].ema_every
             self.training = self.training.model_copy(update={"ema_every": every})
+        if self.learner.timestep_fraction is None:
+            fraction = OBJECTIVE_DEFAULTS[self.learner.objective].timestep_fraction
+            self.learner = self.learner.model_copy(update={"timestep_fraction": fraction})
         if self.learner.grpo.kl_weight is None:
             names = list(self.reward.weights)
             weight = GRPO_KL_WEIGHTS.get(names[0], GRPO_KL_WEIGHT) if len(names) == 1 else GRPO_KL_WEIGHT

@@ -33,6 +33,7 @@ import torch
 
 from diffusion.loading import pipeline_files
 from learner.evaluation import evaluated_weights, plain_transformer
+from learner.lora_adapters import PEFT_INIT_LORA_WEIGHTS
 from learner.training_state import TrainingState
 
 ExportPolicy = Literal["theta", "ema", "old"]
@@ -76,6 +77,7 @@ def save_lora(state: TrainingState, policy: ExportPolicy, model_folder: Path, fo
     """The policy's adapter as diffusers' `pytorch_lora_weights.safetensors`, with its config as metadata."""
     config = state.config
     metadata = {"r": config.lora_rank, "lora_alpha": config.lora_alpha,
+                "init_lora_weights": PEFT_INIT_LORA_WEIGHTS[config.lora_init],
                 "target_modules": sorted(state.lora_targets or ()), "lora_dropout": 0.0, "bias": "none"}
     layers = {k: v.contiguous() for k, v in adapter_parameters(state, policy).items()}
     pipeline_class(model_folder).save_lora_weights(folder, transformer_lora_layers=layers,

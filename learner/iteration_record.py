@@ -23,7 +23,8 @@ from learner.experiment_log import GridSamples
 @dataclass
 class Work:
     """Work an iteration counts; `bench.convergence` prices each at the paper's Table 5 rates (`bench.prices`):
-    sample-steps of the kept samples in full precision, of a pool in full or low precision, training's
+    sample-steps (one sample through one forward: a guided step counts twice, `Sampling.sample_steps`) of the
+    kept samples in full precision, of a pool in full or low precision, training's
     per-sample model passes (`learner.updates.UpdateContext.passes`), and the images decoded and scored by
     the reward in any pass (pools, successive halving's cut and its survivors, regeneration, K-in-K
     rollouts; not held-out evaluation), each once however many steps made it."""

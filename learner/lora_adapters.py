@@ -3,6 +3,13 @@
 "default" (θ, trained) and "old" (θ_old, frozen) are initialised identical with B = 0, so θ = θ_old =
 base at the start; the reference is the transformer with its adapters disabled. `TrainingState` switches
 between them by flipping two attributes on each LoRA layer (no copies).
+
+A's initial draw is `training.lora_init` (`LORA_INITS`): "gaussian", A ~ N(0, (1/r)²), is what every official
+config creates its adapters with (peft `init_lora_weights="gaussian"`: NVlabs/Sana `configs/sol_rl/*.py`
+`train.lora_init_mode`, NVlabs/DiffusionNFT and yifan123/flow_grpo `scripts/train_sd3.py`'s `LoraConfig`);
+"kaiming" is peft's and nn.Linear's default, kaiming-uniform(a=√5), std 1/√(3·fan_in). The two differ by
+(1/r)·√(3·fan_in): 2.7× larger A for the gaussian on SD3.5-L (fan_in 2432, r 32), 2.3× smaller on the
+embedded world (fan_in 64, r 32). Since B = 0, the first steps' change of W = B·A scales with A.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -22,11 +29,28 @@ ADAPTERS = {"theta": "default", "old": "old"}  # peft adapter name of each LoRA 
 LoraLayers = list[tuple[str, nn.Module]]
 
 
+def _gaussian(a: torch.Tensor, rank: int, generator: torch.Generator) -> None:
+    """peft's `init_lora_weights="gaussian"`: A ~ N(0, std = 1/r)."""
+    nn.init.normal_(a, std=1.0 / rank, generator=generator)
+
+
+def _kaiming(a: torch.Tensor, rank: int, generator: torch.Generator) -> None:
+    """peft's default (`init_lora_weights=True`) and nn.Linear's: kaiming-uniform(a=√5), bound 1/√fan_in."""
+    nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+
+
+# How A is drawn, by `training.lora_init` (B is always 0).
+LORA_INITS: dict[str, Callable[[torch.Tensor, int, torch.Generator], None]] = {"gaussian": _gaussian,
+                                                                               "kaiming": _kaiming}
+# The same choice as peft's `LoraConfig.init_lora_weights` names it (an export's adapter metadata records it).
+PEFT_INIT_LORA_WEIGHTS: dict[str, str | bool] = {"gaussian": "gaussian", "kaiming": True}
+
+
 def inject_adapters(transformer: nn.Module, config: TrainingConfig, targets: Sequence[str], device: torch.device,
                     seed: int) -> tuple[LoraLayers, dict[str, nn.Parameter], dict[str, nn.Parameter]]:
     """Add the two adapters to `transformer` (in place): its LoRA layers, θ's and θ_old's parameters by
-    canonical name. A ~ kaiming-uniform(a=√5) from `seed` (peft's and nn.Linear's default), B = 0; only θ
-    requires grad. The global torch RNG is left as it was."""
+    canonical name. A drawn by `config.lora_init` (`LORA_INITS`) from its own generator seeded with `seed`,
+    B = 0; only θ requires grad. The global torch RNG is left as it was."""
     from peft import LoraConfig
     from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -48,12 +72,12 @@ def inject_adapters(transformer: nn.Module, config: TrainingConfig, targets: Seq
     theta, old = adapter_parameters(transformer, "default"), adapter_parameters(transformer, "old")
     if theta.keys() != old.keys():
         raise RuntimeError("the 'default' and 'old' adapters have different parameters")
-    generator = torch.Generator().manual_seed(seed)
+    generator, draw_a = torch.Generator().manual_seed(seed), LORA_INITS[config.lora_init]
     with torch.no_grad():
         for name, param in theta.items():
             if ".lora_A." in name:
                 fresh = torch.empty(param.shape, dtype=torch.float32)
-                nn.init.kaiming_uniform_(fresh, a=math.sqrt(5), generator=generator)
+                draw_a(fresh, config.lora_rank, generator)
                 param.copy_(fresh)
             elif ".lora_B." in name:
                 param.zero_()

@@ -43,13 +43,23 @@ class Sampling:
     spread: int | None = None  # a pool's first chunk, explored always: `spread_explore`; None: one pass
     spread_rule: SpreadRule = ExploreConfig.model_fields["spread_rule"].default  # `spread_pool_size`
 
+    @property
+    def forwards_per_step(self) -> int:
+        """Transformer forwards per sample and step: 2 under classifier-free guidance (the unconditional half)."""
+        return 1 if self.cfg_scale == 1.0 else 2
+
+    def sample_steps(self, samples: int) -> int:
+        """Sample-steps (one sample through one forward) of `samples` whole samplings: the work the cost model
+        prices, so a guided step counts twice."""
+        return samples * self.steps * self.forwards_per_step
+
     def pool_steps(self, candidates: int) -> int:
         """Sample-steps of a pool of `candidates` (the explore cost `bench.convergence` prices); with a
         spread schedule `candidates` is the pool a slot took (`spread_explore`: its first chunk, or all N)."""
         if self.halving is None:
-            return candidates * self.steps
+            return self.sample_steps(candidates)
         first, survivors = self.halving
-        return candidates * first + survivors * (self.steps - first)
+        return (candidates * first + survivors * (self.steps - first)) * self.forwards_per_step
 
 
 def regeneration_sampling(config: TrainerConfig, solver: Solver | None = None) -> Sampling:

@@ -106,7 +106,7 @@ class SlotRollout:
         with self.state.use("old") as model:
             out = generate(self.policy, model, self.reward, prompt, seeds, self.regen_sampling,
                            return_states=self.needs_states, metadata=self._metadata(prompt))
-        self._count("regen", out.sample_s, len(seeds) * self.regen_sampling.steps)
+        self._count("regen", out.sample_s, self.regen_sampling.sample_steps(len(seeds)))
         return out
 
     def _pool(self, iteration: int, slot: int, prompt: str, version: int) -> tuple[Generated, Work]:
@@ -114,7 +114,7 @@ class SlotRollout:
         low = self.algorithm.explore == "low"
         sampling = self.explore_sampling if self.algorithm.explore_steps == "explore" else self.regen_sampling
         seeds = candidate_seeds(self.seed, iteration, slot, self.config.prompts.candidates)
-        steps = len(seeds) * sampling.steps
+        steps = sampling.sample_steps(len(seeds))
         if low:
             pool = generate(self.policy, self._engine(version), self.reward, prompt, seeds, sampling,
                             return_states=self.needs_states, metadata=self._metadata(prompt))
@@ -132,7 +132,7 @@ class SlotRollout:
         if self.algorithm.explore is None:  # DiffusionNFT: K seeds, no pool
             seeds = candidate_seeds(self.seed, iteration, slot, keep)
             return Group(prompt, self.regenerate(prompt, seeds), None,
-                         Work(fp_sample_steps=keep * self.regen_sampling.steps, scored_images=keep))
+                         Work(fp_sample_steps=self.regen_sampling.sample_steps(keep), scored_images=keep))
         if self.algorithm.regenerate:  # Sol-RL: only (seed, proxy reward) pairs are needed from the pool
             work = Work()
             if ranked is None:
@@ -140,7 +140,7 @@ class SlotRollout:
                 work.lp_sample_steps = ranked.sample_steps  # the pool it took (halving, spread: not N · steps)
                 work.scored_images = ranked.scored  # an explorer's scoring is counted by the driver
             chosen = self.select(ranked)
-            work.fp_sample_steps = len(chosen) * self.regen_sampling.steps
+            work.fp_sample_steps = self.regen_sampling.sample_steps(len(chosen))
             work.scored_images += len(chosen)
             return Group(prompt, self.regenerate(prompt, [ranked.seeds[i] for i in chosen]), ranked.proxy[chosen],
                          work, ranked.first_spread)

@@ -8,10 +8,13 @@
 
 Each is an `ObjectiveSpec` in `OBJECTIVES`; the trainer calls `spec.advantages` then `spec.update`.
 A micro-batch whose loss is NaN or ±inf is dropped (no backward), the others still update; an update whose
-every micro-batch was dropped is skipped. That is the intent of the official loop, which multiplies a
-non-finite loss by 0 (NVlabs/Sana `train_scripts/sol_rl/train_sd3.py`) — a product that stays NaN, so there
-the step's gradient is NaN and its norm check skips it. Random choices come from the iteration's named seed
-streams.
+every micro-batch was dropped is skipped. What the source does (NVlabs/Sana `train_scripts/sol_rl/train_sd3.py`,
+`main`'s inner loop): it multiplies a non-finite loss by 0.0 and still calls `backward()` — a product that stays
+NaN, so the accumulated gradient is NaN. Under fp16 its GradScaler then skips the step; under bf16 (the papers'
+setting) nothing does: `clip_grad_norm_` returns a NaN norm and `optimizer.step()` runs unconditionally, which
+writes NaN into AdamW's moments and the LoRA weights. We drop the non-finite micro-batch instead, which is what
+the guard means to do, and keep every finite one (the source would lose the whole step, or the run). Random
+choices come from the iteration's named seed streams.
 
 In a learner group (`learner.data_parallel`) an update sees its rank's slots only: draws that span the
 batch are made for the whole batch and sliced, loss weights are shares of the whole batch, and the
@@ -68,9 +71,10 @@ class UpdateContext:
         return stream_generator(self.run_seed, self.iteration, stream, index)
 
     def velocity(self, model: nn.Module, x: torch.Tensor, sigma: torch.Tensor, prompts: list[str], *,
-                 cfg_scale: float = 1.0, counted: bool = True) -> torch.Tensor:
+                 cfg_scale: float = 1.0, detach_uncond: bool = False, counted: bool = True) -> torch.Tensor:
         """v of `model` at (x, σ) for `prompts`; with cfg_scale ≠ 1 guided against the negative prompt (two
-        forwards). `counted`: whether the passes count as training work (a diagnostic's do not)."""
+        forwards; `detach_uncond`: the gradient through the conditional branch only). `counted`: whether the
+        passes count as training work (a diagnostic's do not)."""
         dev, cond = self.policy.device, self.policy.encode(prompts)
         uncond = None
         if cfg_scale != 1.0:
@@ -81,7 +85,7 @@ class UpdateContext:
             self.passes += x.shape[0] * (3 if torch.is_grad_enabled() else 1) * (1 if uncond is None else 2)
         with self.state.autocast():
             return self.policy.velocity(x.to(dev), sigma.to(dev), cond, transformer=model, cfg_scale=cfg_scale,
-                                        uncond=uncond).float()
+                                        uncond=uncond, detach_uncond=detach_uncond).float()
 
 
 def micro_batches(positions: torch.Tensor, whole: int, size: int) -> list[slice]:
@@ -312,7 +316,8 @@ def grpo_update(ctx: UpdateContext, groups: list[Group], advantages: torch.Tenso
     The ratio's denominator is log π_old as the rollout stored it while sampling (`Generated.log_probs`), so
     from the second step on θ ≠ θ_old, ratios move off 1 and the clip binds. The training forward applies the
     rollout's CFG (`sampler.cfg_scale`), as the source's `compute_log_prob` with `train.cfg`, so the
-    log-probability is the sampling policy's; the reference's mean for the KL too. Logged per optimizer
+    log-probability is the sampling policy's; the reference's mean for the KL too. As there, the unconditional
+    branch is detached (`grpo.cfg_gradient = "conditional"`): the gradient is s·∇v_c. Logged per optimizer
     step and over all: ratio_mean, clip_fraction, approx_kl (the whole batch's)."""
     cfg, grpo, dev = ctx.learner, ctx.learner.grpo, ctx.policy.device
     keep = groups[0].samples.x0.shape[0]
@@ -350,7 +355,8 @@ def grpo_update(ctx: UpdateContext, groups: list[Group], advantages: torch.Tenso
                     with ctx.state.use("reference") as model:
                         mean_ref, _ = transition(ctx.velocity(model, x, t_mb, mb_prompts, cfg_scale=ctx.cfg_scale))
                 with ctx.state.use("theta") as model:
-                    mean_theta, scale = transition(ctx.velocity(model, x, t_mb, mb_prompts, cfg_scale=ctx.cfg_scale))
+                    mean_theta, scale = transition(ctx.velocity(model, x, t_mb, mb_prompts, cfg_scale=ctx.cfg_scale,
+                                                                detach_uncond=grpo.cfg_gradient == "conditional"))
                     log_prob = gaussian_log_prob(x_next, mean_theta, scale)
                     std = (scale / torch.sqrt(sig - sig_next)).view(-1)
                     loss, diag = flow_grpo_loss(log_prob, old_log_probs[rows, k].to(dev), local_adv[rows].to(dev),

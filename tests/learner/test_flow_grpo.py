@@ -111,9 +111,12 @@ def test_flow_grpo_needs_decay_zero(capsys) -> None:
         load_config("configs/embedded.yaml", ["learner.objective=flow_grpo"])
 
 
+# Flow-GRPO as its source runs it: the first 0.99 of the steps and the EMA every 8 are its defaults
+GRPO = ("learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0")
+
+
 def test_a_flow_grpo_iteration_trains_on_sde_rollouts(small_trainer) -> None:
-    trainer = small_trainer("learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
-                            "learner.timestep_fraction=0.9")
+    trainer = small_trainer(*GRPO, "learner.timestep_fraction=0.9")
     assert trainer.rollouts.regen_sampling.solver == "flow_sde" and trainer.eval_sampling.solver == "euler"
     before = {k: v.detach().clone() for k, v in trainer.state.theta_parameters().items()}
     metrics = trainer.train_iteration(0).metrics()
@@ -124,8 +127,6 @@ def test_a_flow_grpo_iteration_trains_on_sde_rollouts(small_trainer) -> None:
 
 
 # ---- Flow-GRPO as its authors run it (yifan123/flow_grpo `scripts/train_sd3.py`, `config/grpo.py`) -------------
-GRPO = ("learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
-        "learner.timestep_fraction=0.99")
 
 
 def _context(trainer, **learner_updates):
@@ -210,6 +211,48 @@ def test_cfg_is_applied_in_the_training_forward_as_in_the_rollout(small_trainer)
     assert losses["step1_ratio_mean"] == pytest.approx(1.0, abs=1e-6) and losses["step1_clip_fraction"] == 0.0
 
 
+def test_under_cfg_the_gradient_flows_through_the_conditional_branch_only(small_trainer) -> None:
+    """The source's compute_log_prob detaches v_u: ∇(v_u + s·(v_c − v_u)) = s·∇v_c (`grpo.cfg_gradient`
+    "conditional"); "both" keeps (1 − s)·∇v_u + s·∇v_c. Checked on θ's gradient of a fixed linear read-out."""
+    trainer = small_trainer(*GRPO, "sampler.cfg_scale=3.0")
+    ctx, group = _context(trainer), trainer.rollout(0, 0, trainer.prompts_for(0)[0])
+    x, sigma, prompts = group.samples.states[1], ctx.sigmas[1].expand(4), [group.prompt] * 4
+    weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(0))
+    params = list(trainer.state.theta_parameters().values())
+
+    def grads(**kwargs) -> list[torch.Tensor]:
+        with trainer.state.use("theta") as model:
+            return list(torch.autograd.grad((ctx.velocity(model, x, sigma, prompts, **kwargs) * weights).sum(),
+                                            params, allow_unused=True, materialize_grads=True))
+
+    uncond = trainer.policy.unconditional(4)
+    with trainer.state.use("theta") as model:  # ∇v_u alone: the negative prompt's conditional forward
+        v_u = trainer.policy.velocity(x, sigma, uncond, transformer=model)
+        grad_u = torch.autograd.grad((v_u * weights).sum(), params, allow_unused=True, materialize_grads=True)
+    grad_c = grads()
+    conditional, both = grads(cfg_scale=3.0, detach_uncond=True), grads(cfg_scale=3.0)
+    assert any(float(g.abs().max()) > 0 for g in grad_u)
+    # tolerance: the guided forward batches [uncond, cond] in one call, the references run each half alone
+    scale = max(float(g.abs().max()) for g in grad_c)
+    for g_cond, g_both, g_c, g_u in zip(conditional, both, grad_c, grad_u, strict=True):
+        torch.testing.assert_close(g_cond, 3.0 * g_c, rtol=1e-3, atol=1e-3 * scale)
+        torch.testing.assert_close(g_both, 3.0 * g_c - 2.0 * g_u, rtol=1e-3, atol=1e-3 * scale)
+    assert max(float((a - b).abs().max()) for a, b in zip(conditional, both, strict=True)) > 0.1 * scale
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 3.0])
+def test_the_cfg_gradient_option_changes_the_update_only_under_guidance(small_trainer, cfg_scale) -> None:
+    """The update takes the configured branch: under guidance the two options train different weights; at
+    cfg_scale 1 (no unconditional branch) bitwise the same ones."""
+    weights = {}
+    for mode in ("conditional", "both"):
+        trainer = small_trainer(*GRPO, f"sampler.cfg_scale={cfg_scale}", f"learner.grpo.cfg_gradient={mode}")
+        trainer.train_iteration(0)
+        weights[mode] = {k: v.detach().clone() for k, v in trainer.state.theta_parameters().items()}
+    same = all(torch.equal(weights["conditional"][k], weights["both"][k]) for k in weights["both"])
+    assert same == (cfg_scale == 1.0)
+
+
 @pytest.mark.parametrize(("weights", "expected"), [
     ("{pickscore: 1.0}", 0.01), ("{clipscore: 1.0}", 0.02), ("{ocr: 1.0}", 0.04), ("{digit_margin: 1.0}", 0.04),
     ("{digit_margin: 1.0, jpeg_compressibility: 0.5}", 0.04)])
@@ -221,13 +264,29 @@ def test_the_kl_weight_is_the_sources_for_the_configured_reward(weights, expecte
     assert load_config("configs/embedded.yaml", [*GRPO, "learner.grpo.kl_weight=0.5"]).learner.grpo.kl_weight == 0.5
 
 
-def test_the_ema_interval_is_the_objectives_and_folds_every_nth_step() -> None:
+def test_the_objectives_source_defaults_are_what_a_config_without_them_resolves_to() -> None:
+    """The EMA interval and the trained share of the steps: flow_grpo 8 and 0.99 (yifan123/flow_grpo), nft and
+    art 1 and 0.6 (Sol-RL); a value given explicitly is kept."""
+    from typing import get_args
+
     from cluster.config.loading import load_config
+    from learner.config import OBJECTIVE_DEFAULTS
+    from learner.objectives import Objective
+
+    assert sorted(OBJECTIVE_DEFAULTS) == sorted(get_args(Objective))
+    grpo = load_config("configs/embedded.yaml", list(GRPO))
+    assert (grpo.training.ema_every, grpo.learner.timestep_fraction) == (8, 0.99)
+    nft = load_config("configs/embedded.yaml", [])
+    assert (nft.training.ema_every, nft.learner.timestep_fraction) == (1, 0.6)
+    art = load_config("configs/embedded.yaml", ["learner.objective=art", "learner.decay.type=0"])
+    assert (art.training.ema_every, art.learner.timestep_fraction) == (1, 0.6)
+    given = load_config("configs/embedded.yaml", [*GRPO, "training.ema_every=2", "learner.timestep_fraction=0.5"])
+    assert (given.training.ema_every, given.learner.timestep_fraction) == (2, 0.5)
+
+
+def test_the_ema_folds_every_nth_step() -> None:
     from learner.ema import ParameterEMA
 
-    assert load_config("configs/embedded.yaml", list(GRPO)).training.ema_every == 8
-    assert load_config("configs/embedded.yaml", []).training.ema_every == 1
-    assert load_config("configs/embedded.yaml", [*GRPO, "training.ema_every=2"]).training.ema_every == 2
     theta = {"w": torch.zeros(1)}
     ema, folded = ParameterEMA(theta, 0.9, every=8), []
     for step in range(1, 17):

@@ -38,6 +38,18 @@ def test_algorithms_sample_what_the_paper_says(algorithm, fp_steps, pool_steps, 
     assert ("rank_spearman" in metrics) == (algorithm == "sol_rl")
 
 
+@pytest.mark.parametrize("algorithm", ["diffusionnft", "naive_scaling", "sol_rl"])
+def test_a_guided_sample_step_counts_its_two_forwards(algorithm, small_trainer):
+    """Under CFG every sampling step runs the transformer on the sample and on the negative prompt: the work the
+    cost model prices doubles (regeneration, pools and exploration alike), the scored images do not."""
+    counters = ("fp_sample_steps", "fp_pool_sample_steps", "lp_sample_steps", "scored_images")
+    plain, guided = ({k: small_trainer(f"learner.algorithm={algorithm}", f"sampler.cfg_scale={scale}")
+                      .train_iteration(0).metrics()[k] for k in counters} for scale in (1.0, 2.0))
+    assert any(plain[k] for k in counters[:3])
+    assert {k: guided[k] for k in counters[:3]} == {k: 2 * plain[k] for k in counters[:3]}
+    assert guided["scored_images"] == plain["scored_images"]
+
+
 def test_engine_receives_the_sampling_policy_when_published(small_trainer):
     trainer = small_trainer()
     trainer.train_iteration(0)

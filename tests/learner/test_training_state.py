@@ -101,6 +101,30 @@ def test_lora_starts_equal_to_base(base, cond):
     assert not all(torch.equal(theta[k], other[k]) for k in a_keys)
 
 
+@pytest.mark.parametrize("init", ["gaussian", "kaiming"])
+def test_lora_a_is_drawn_as_configured(base, init):
+    """gaussian (every official config: peft's init_lora_weights="gaussian") draws A ~ N(0, (1/r)²); kaiming (peft's
+    default) draws kaiming-uniform(a=√5): bound 1/√fan_in, std 1/√(3·fan_in). The embedded model's Linears have
+    fan_in 64, so at rank 4 the two spreads are 0.25 and 0.072."""
+    from typing import get_args
+
+    from learner.config import LoraInit
+    from learner.lora_adapters import LORA_INITS
+
+    assert sorted(LORA_INITS) == sorted(get_args(LoraInit))
+    state = make_state(base, rank=4, lora_init=init)
+    a = [v.detach() for k, v in state.theta_parameters().items() if ".lora_A." in k]
+    assert {t.shape[1] for t in a} == {64}
+    pooled = torch.cat([t.flatten() for t in a])  # 31 layers × 4 × 64 = 7936 draws
+    expected = 1 / 4 if init == "gaussian" else 1 / math.sqrt(3 * 64)
+    assert float(pooled.std()) == pytest.approx(expected, rel=0.03)
+    assert abs(float(pooled.mean())) < 0.01
+    if init == "kaiming":
+        assert float(pooled.abs().max()) <= 1 / math.sqrt(64)
+    else:
+        assert float(pooled.abs().max()) > 3 / 4  # past any kaiming bound here: a normal's tail
+
+
 def test_step_changes_theta_only(base, cond):
     state = make_state(base)
     batch = fixed_batch(base)
