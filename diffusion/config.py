@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from diffusion.quant import Backend, PrecisionRequest
-from diffusion.samplers import Solver
+from diffusion.samplers import SigmaGrid, Solver
 
 EMBEDDED_MODEL = Path(__file__).parent / "embedded" / "artifacts" / "model"
 
@@ -24,6 +24,10 @@ class ModelConfig(BaseModel):
         "auto", description="auto: bfloat16 on CUDA, float32 on CPU"
     )
     shift: float | None = Field(None, gt=0, description="time shift; None takes the scheduler config's")
+    sigma_grid: SigmaGrid = Field("scheduler", description="the σ grid every sampler walks: scheduler (the "
+                                  "folder's FlowMatchEuler grid with its shift, as the diffusers pipelines) or "
+                                  "linspace (linspace(1, 0, steps + 1), unshifted: the official Sol-RL SANA "
+                                  "recipe's; takes no shift)")
     resolution: int | None = Field(None, gt=0, description="pixels; None takes the transformer's sample size")
     guidance: float | None = Field(None, gt=0, description="distilled guidance of families that take it (FLUX); "
                                    "None: the family's default")
@@ -32,6 +36,13 @@ class ModelConfig(BaseModel):
                                         "are cached per prompt); saves their memory on the GPU")
     sequential_decode: bool = Field(False, description="decode one latent at a time (bounds the VAE's "
                                     "activation memory at high resolution; the official Sol-RL option)")
+
+    @model_validator(mode="after")
+    def _linspace_is_unshifted(self) -> ModelConfig:
+        if self.sigma_grid == "linspace" and self.shift is not None:
+            raise ValueError(f"model.sigma_grid=linspace is unshifted, but model.shift is {self.shift}: remove "
+                             "model.shift, or set model.sigma_grid=scheduler")
+        return self
 
     def folder(self) -> Path:
         return EMBEDDED_MODEL if self.path == "embedded" else Path(self.path)
@@ -61,7 +72,9 @@ class ExploreConfig(BaseModel):
     precision: PrecisionRequest = Field("auto", description="auto: the fastest format this GPU runs for real "
                                         "(NVFP4 with TE on Blackwell, FP8 with torchao on Hopper/Ada, BF16 on "
                                         "older GPUs; NVFP4 emulated on CPU, for fidelity); or nvfp4, nvfp4_w4a16, "
-                                        "fp8, none")
+                                        "fp8 (scaled per row: a candidate's proxy is independent of its "
+                                        "batchmates), fp8_tensor (one scale per tensor, torchao's faster mode), "
+                                        "none")
     backend: Backend = "auto"
     allow_emulation: bool = Field(False, description="run an explicitly requested format this device can only "
                                   "emulate (fake quantization: slower than BF16, for fidelity studies)")
@@ -86,6 +99,9 @@ class ExploreConfig(BaseModel):
                                    "once); bounds an explorer's activation memory")
     min_dim: int | None = Field(None, ge=0, description="None takes the model family's minimum")
     skip: list[str] | None = Field(None, description="module patterns kept in high precision; None: family's")
+    conv1x1: bool | None = Field(None, description="also quantize 1×1 convolutions (run as Linears over "
+                                 "channels); None: the family's (SANA true: diffusers' SANA holds as 1×1 convs the "
+                                 "FFN that the official rule quantizes as Linears in its native model)")
 
 
 class PromptConfig(BaseModel):

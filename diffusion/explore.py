@@ -7,7 +7,7 @@
 
 The engine shares everything else with the policy (prompt cache, noise, samplers). Which layers run
 quantized comes from the model family (Sol-RL's per-family skip lists, minimum sizes and 1×1 conv
-switch) unless the config overrides ``skip``/``min_dim``; the rule itself is
+switch) unless the config overrides ``skip``/``min_dim``/``conv1x1``; the rule itself is
 :mod:`diffusion.quant.layer_rule`. ``engine.module`` runs each forward inside its backend's runtime
 context (TE's FP4 autocast for ``te``), so no caller has to remember it.
 """
@@ -61,7 +61,7 @@ class ExplorePlan:
 
 def explore_plan(policy: FlowPolicy, config: ExploreConfig) -> ExplorePlan:
     """The plan of ``ExploreEngine(policy, config)``: the family's skip list, minimum size and 1×1
-    conv switch (``config.skip`` / ``config.min_dim`` override the first two), in the precision and on
+    conv switch (``config.skip`` / ``config.min_dim`` / ``config.conv1x1`` override them), in the precision and on
     the backend :func:`~diffusion.quant.choose_engine` picks for the transformer's device (raises
     ``ValueError`` for a request that device can only emulate, unless ``config.allow_emulation``)."""
     transformer = policy.transformer
@@ -76,7 +76,7 @@ def explore_plan(policy: FlowPolicy, config: ExploreConfig) -> ExplorePlan:
         backend,
         skip=tuple(quant.skip if config.skip is None else config.skip),
         min_dim=quant.min_dim if config.min_dim is None else config.min_dim,
-        conv1x1=quant.conv1x1,
+        conv1x1=quant.conv1x1 if config.conv1x1 is None else config.conv1x1,
     )
     packed = choice.precision in NVFP4_WEIGHT_PRECISIONS
     return ExplorePlan(

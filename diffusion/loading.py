@@ -23,6 +23,7 @@ from torch import nn
 from diffusion.config import ModelConfig
 from diffusion.families import family_for_transformer
 from diffusion.policy import FlowPolicy
+from diffusion.samplers import SigmaGrid
 
 _LIBRARIES = ("diffusers", "transformers")
 # What a component folder holds that the loader reads: configs, tokenizer files, safetensors weights. Variant
@@ -124,10 +125,11 @@ def load_policy(
     guidance: float | None = None,
     offload_text_encoders: bool = False,
     sequential_decode: bool = False,
+    sigma_grid: SigmaGrid = "scheduler",
 ) -> FlowPolicy:
     """Load a model folder. `shift` overrides the scheduler's time shift; `resolution` (pixels) the
     transformer's default sample size; `guidance` the family's distilled guidance value (FLUX);
-    `offload_text_encoders` and `sequential_decode` are `FlowPolicy`'s memory options."""
+    `offload_text_encoders` and `sequential_decode` are `FlowPolicy`'s memory options; `sigma_grid` its σ grid."""
     folder = Path(path)
     _require(folder, "the model folder does not exist")
     _require(folder / "model_index.json", "model_index.json names the folder's components")
@@ -164,6 +166,7 @@ def load_policy(
         guidance=guidance,
         offload_text_encoders=offload_text_encoders,
         sequential_decode=sequential_decode,
+        sigma_grid=sigma_grid,
     )
 
 
@@ -178,7 +181,7 @@ def load_policy_from_config(config: ModelConfig) -> FlowPolicy:
         dtype = getattr(torch, config.dtype)
     return load_policy(config.folder(), device=device, dtype=dtype, shift=config.shift, resolution=config.resolution,
                        guidance=config.guidance, offload_text_encoders=config.offload_text_encoders,
-                       sequential_decode=config.sequential_decode)
+                       sequential_decode=config.sequential_decode, sigma_grid=config.sigma_grid)
 
 
 # ---- checks without loading (run by the launcher before any actor starts) ---------------------------

@@ -24,7 +24,7 @@ from torch import nn
 
 from diffusion.families import Conditioning, Family
 from diffusion.noise import initial_noise, sde_noise
-from diffusion.samplers import SampleResult, Solver, sample_ode
+from diffusion.samplers import SampleResult, SigmaGrid, Solver, linspace_sigmas, sample_ode
 
 
 class FlowPolicy:
@@ -41,8 +41,10 @@ class FlowPolicy:
         guidance: float | None = None,
         offload_text_encoders: bool = False,
         sequential_decode: bool = False,
+        sigma_grid: SigmaGrid = "scheduler",
     ) -> None:
         """`scheduler`: the folder's scheduler config (the σ grid's shift); `shift` overrides its shift;
+        `sigma_grid`: "scheduler" (that grid) or "linspace" (`linspace_sigmas`, unshifted: no `shift`);
         `guidance`: the distilled guidance value of families that take one (None: the family's default);
         `offload_text_encoders`: the text encoders live on the CPU and visit `device` only while encoding;
         `sequential_decode`: `decode` runs the VAE on one latent at a time."""
@@ -50,8 +52,11 @@ class FlowPolicy:
         self.components = dict(components)
         self.transformer: nn.Module = self.components["transformer"]
         self.vae: nn.Module | None = self.components.get("vae")
+        if sigma_grid == "linspace" and shift is not None:
+            raise ValueError(f"sigma_grid 'linspace' is unshifted; got shift {shift}: leave shift unset")
         self.scheduler = dict(scheduler)
         self.shift = shift
+        self.sigma_grid = sigma_grid
         self.latent_shape = latent_shape
         self.device = device
         self.dtype = dtype
@@ -131,9 +136,11 @@ class FlowPolicy:
         transformer: nn.Module | None = None,
         cfg_scale: float = 1.0,
         uncond: Conditioning | None = None,
+        detach_uncond: bool = False,
     ) -> torch.Tensor:
         """v(x_σ, σ | c); with cfg_scale ≠ 1: the family's guidance (`Family.guide`, v_u + s·(v_c − v_u)
-        unless the family's pipeline says otherwise) against the family's negative prompt."""
+        unless the family's pipeline says otherwise) against the family's negative prompt. `detach_uncond`:
+        v_u enters the guidance without its gradient (Flow-GRPO's training forward)."""
         model = self.transformer if transformer is None else transformer
         if cfg_scale == 1.0:
             return self.family.velocity(model, x, sigma, cond)
@@ -141,10 +148,15 @@ class FlowPolicy:
             raise ValueError("cfg_scale != 1 needs the unconditional (negative prompt) conditioning")
         both = self.family.collate([uncond, cond])
         v_u, v_c = self.family.velocity(model, torch.cat([x, x]), torch.cat([sigma, sigma]), both).chunk(2)
-        return self.family.guide(v_u, v_c, cfg_scale)
+        return self.family.guide(v_u.detach() if detach_uncond else v_u, v_c, cfg_scale)
 
     def sigmas(self, steps: int, shift: float | None = None) -> torch.Tensor:
-        """The family's σ grid for this policy's latent shape (`shift` overrides the policy's)."""
+        """The policy's σ grid of `steps` steps: the family's for this latent shape (`shift` overrides the
+        policy's), or the unshifted linspace (`sigma_grid = "linspace"`, which takes no shift)."""
+        if self.sigma_grid == "linspace":
+            if shift is not None:
+                raise ValueError(f"this policy walks the unshifted linspace grid; got shift {shift}")
+            return linspace_sigmas(steps)
         return self.family.sigmas(steps, self.scheduler, self.latent_shape, self.shift if shift is None else shift)
 
     @torch.inference_mode()

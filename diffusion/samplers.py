@@ -29,6 +29,20 @@ SOLVERS: tuple[str, ...] = ("euler", "dpm2", "flow_sde")
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+# Which σ grid a policy walks (`model.sigma_grid`): "scheduler", the model folder's FlowMatchEuler grid with its
+# shift (`flow_sigmas`, what the diffusers pipelines walk); "linspace", `linspace_sigmas`.
+SigmaGrid = Literal["scheduler", "linspace"]
+
+
+def linspace_sigmas(steps: int) -> torch.Tensor:
+    """linspace(1, 0, steps + 1), unshifted, float32: the grid NVlabs/Sana's Sol-RL SANA recipe walks in
+    exploration, regeneration and evaluation alike (`pipeline_with_logprob_sana`, diffusion/post_training/
+    diffusers_patch/pipeline_with_logprob.py). diffusers' grid at shift 1 differs: linspace(1, 1/1000, steps), 0."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    return torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float32)
+
+
 def flow_sigmas(steps: int, shift: float = 1.0, num_train_timesteps: int = 1000) -> torch.Tensor:
     """The σ grid of `steps` steps, float32 of length steps + 1, ending with 0.
 

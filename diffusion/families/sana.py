@@ -154,7 +154,12 @@ SANA = SanaFamily(
             "attn1.to_q", "attn1.to_k", "attn1.to_v",
         ),
         min_dim=2240,
-        conv1x1=True,  # the official SANA script replaces 1×1 convs too (train_nft_sana.py)
+        # Not the source's flag, its layers: NVlabs/Sana `train_scripts/sol_rl/train_sana.py` calls
+        # `replace_linear_with_te(m, skip_modules, min_dim)` without `replace_conv1x1` on its native LinearFFN
+        # model, whose FFN Linears (2240 → 11200, 5600 → 2240) are the only layers past min_dim. diffusers'
+        # SANA runs that FFN as 1×1 convs and has no Linear past min_dim: Linears only would quantize nothing
+        # (tests/diffusion/test_layer_rule.py). `explore.conv1x1=false` is the source's flag literally.
+        conv1x1=True,
     ),
     # The official targets name native SANA modules (attn.qkv, attn.proj, cross_attn.q_linear,
     # cross_attn.kv_linear, cross_attn.proj); in diffusers' SanaTransformer2DModel the fused self-

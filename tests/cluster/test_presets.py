@@ -16,7 +16,7 @@ from diffusion.prompts import load_prompts
 # preset → (model family, resolution, solver, trained-timestep fraction, grad clip, evaluation steps)
 PRESETS = {
     "sd35_large": ("sd3", 1024, "dpm2", 0.6, 0.002, 40),
-    "sd35_medium": ("sd3", 512, "dpm2", 0.6, 1.0, 40),
+    "sd35_medium": ("sd3", 512, "dpm2", 0.99, 1.0, 40),  # DiffusionNFT's SD3.5-M config trains 0.99
     "flux_dev": ("flux", 512, "dpm2", 0.4, 1.0, 28),
     "sana_1600m": ("sana", 1024, "euler", 0.6, 1.0, 40),
     "qwen_image": ("qwen_image", 1024, "dpm2", 0.6, 0.002, 40),  # not in the paper: SD3.5-L's settings

@@ -215,6 +215,22 @@ def test_plan_follows_the_family_unless_the_config_overrides(embedded_policy) ->
     assert w4a16.quantized_weights == tuple(f"{name}.weight" for name in w4a16.linears) and w4a16.linears
 
 
+def test_an_fp8_candidate_gets_the_same_proxy_in_any_batch(embedded_policy) -> None:
+    """Explored in one batch of four, candidate 0's low-precision sample is bitwise the same beside three other
+    candidates under `fp8` (per-row scales); under `fp8_tensor` the batch's shared activation scale moves it."""
+    from diffusion.noise import candidate_seeds
+
+    prompts, seeds = ["a handwritten digit seven"] * 4, candidate_seeds(0, 0, 0, 8)
+    for precision in ("fp8", "fp8_tensor"):
+        engine = ExploreEngine(embedded_policy, ExploreConfig(precision=precision, backend="project",
+                                                              allow_emulation=True, min_dim=0))
+        assert engine.plan.linears
+        first = embedded_policy.sample(prompts, seeds[:4], steps=3, transformer=engine.module, batch_size=4).x0
+        other = embedded_policy.sample(prompts, [seeds[0], *seeds[5:8]], steps=3, transformer=engine.module,
+                                       batch_size=4).x0
+        assert torch.equal(first[0], other[0]) == (precision == "fp8"), precision
+
+
 def test_precision_none_is_a_plain_copy(embedded_policy) -> None:
     engine = ExploreEngine(embedded_policy, ExploreConfig(precision="none"))
     bf16 = "BF16 exploration (a full-precision copy) on CPU"

@@ -121,6 +121,32 @@ def test_sigma_grid_takes_the_schedulers_shift(sana):
     assert not torch.equal(SANA.sigmas(5, dpm, policy.latent_shape, shift=1.0), policy.sigmas(5))
 
 
+def test_the_sol_rl_recipes_grid_is_the_unshifted_linspace_in_every_sampler(sana):
+    """`model.sigma_grid=linspace` (the SANA preset): NVlabs/Sana's SANA Sol-RL sampler walks linspace(1, 0, N + 1)
+    whatever the scheduler's shift; the policy samples on it (Euler: one velocity per grid step)."""
+    from diffusion.config import ModelConfig
+    from diffusion.loading import load_policy_from_config
+
+    folder, _, policy = sana
+    config = ModelConfig(path=str(folder), sigma_grid="linspace")
+    linspace = load_policy_from_config(config)
+    assert torch.equal(linspace.sigmas(5), torch.tensor([1.0, 0.8, 0.6, 0.4, 0.2, 0.0]))
+    assert not torch.equal(policy.sigmas(5), linspace.sigmas(5))  # the scheduler's grid (shift, σ_min)
+    seeds = candidate_seeds(0, 0, 2, len(PROMPTS))
+    result = linspace.sample(PROMPTS, seeds, steps=5, return_states=True)
+    assert torch.equal(result.sigmas, linspace.sigmas(5))
+    x, cond = initial_noise(seeds, linspace.latent_shape), linspace.encode(PROMPTS)
+    for i in range(5):  # Euler by hand on the linspace grid
+        sigma = linspace.sigmas(5)
+        x = x + (sigma[i + 1] - sigma[i]) * linspace.velocity(x, sigma[i].expand(len(seeds)), cond)
+    torch.testing.assert_close(result.x0, x, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"model\.sigma_grid=linspace is unshifted, but model\.shift is 3\.0"):
+        ModelConfig(path=str(folder), sigma_grid="linspace", shift=3.0)
+    from cluster.config.loading import load_config
+
+    assert load_config("configs/sana_1600m.yaml").model.sigma_grid == "linspace"
+
+
 def test_dpm_sampling_gives_finite_images(sana):
     _, _, policy = sana
     seeds = candidate_seeds(0, 0, 3, len(PROMPTS))
@@ -146,6 +172,10 @@ def test_nvfp4_engine_quantizes_linears_and_1x1_convs(sana):
     low = policy.sample(PROMPTS, seeds, steps=3, transformer=engine.module).x0
     assert torch.isfinite(low).all() and torch.isfinite(policy.decode(low)).all()
     assert not torch.allclose(low, full)
+    # the official flag taken literally (explore.conv1x1=false): Linears only, every conv in high precision
+    linears_only = ExploreEngine(policy, ExploreConfig(precision="nvfp4", min_dim=0, allow_emulation=True,
+                                                       conv1x1=False))
+    assert linears_only.plan.convs == () and linears_only.plan.linears == engine.plan.linears
 
 
 def test_lora_targets_match_the_transformers_modules(sana):

@@ -148,7 +148,9 @@ def test_flux1_dev_quantizes_495_of_504_linears(flux1_dev: nn.Module) -> None:
 
 def test_sana_has_no_eligible_linear_and_quantizes_its_ffn_convs() -> None:
     """Diffusers' SANA 1.6B (its default config) has a conv FFN: under SANA's rule no Linear is
-    replaced (every block projection is 2240-wide) and the 1×1 convs of the 20 FFNs are."""
+    replaced (every block projection is 2240-wide) and the 1×1 convs of the 20 FFNs are. Those convs are the FFN
+    that the official SANA script quantizes as Linears in its native LinearFFN model; its flag taken literally
+    (`replace_linear_with_te` without `replace_conv1x1`) would quantize nothing here."""
     from diffusers import SanaTransformer2DModel
 
     with torch.device("meta"):
@@ -157,6 +159,8 @@ def test_sana_has_no_eligible_linear_and_quantizes_its_ffn_convs() -> None:
     assert quant.conv1x1
     layers = eligible_layers(sana, skip=quant.skip, min_dim=quant.min_dim, conv1x1=quant.conv1x1)
     assert layers.linears == ()
+    literal = eligible_layers(sana, skip=quant.skip, min_dim=quant.min_dim, conv1x1=False)
+    assert (literal.linears, literal.convs) == ((), ())
     assert layers.convs == tuple(
         f"transformer_blocks.{i}.ff.{conv}" for i in range(20) for conv in ("conv_inverted", "conv_point")
     )
