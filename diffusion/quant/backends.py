@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from diffusion.quant.modelopt_backend import MODELOPT
-from diffusion.quant.precision import PRECISIONS, Precision
+from diffusion.quant.precision import FP8_PRECISIONS, PRECISIONS, Precision
 from diffusion.quant.project_backend import PROJECT
 from diffusion.quant.te_backend import TE, te_available
 from diffusion.quant.torchao_backend import TORCHAO, torchao_available
@@ -46,7 +46,7 @@ from diffusion.quant.torchao_backend import TORCHAO, torchao_available
 Backend = Literal["auto", "project", "modelopt", "torchao", "te"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 # What a config asks for: a precision, or "auto" (the fastest one this device runs for real).
-PrecisionRequest = Literal["auto", "nvfp4", "nvfp4_w4a16", "fp8", "none"]
+PrecisionRequest = Literal["auto", "nvfp4", "nvfp4_w4a16", "fp8", "fp8_tensor", "none"]
 PRECISION_REQUESTS: tuple[str, ...] = get_args(PrecisionRequest)
 assert PRECISION_REQUESTS[1:] == PRECISIONS, "a precision request is 'auto' or a precision"
 
@@ -84,7 +84,8 @@ class QuantBackend(Protocol):
 REGISTRY: dict[str, QuantBackend] = {backend.name: backend for backend in (PROJECT, MODELOPT, TORCHAO, TE)}
 
 # The (precision, backend) pairs that run real low-precision GEMMs, and the GPUs that have them.
-REAL_KERNELS: dict[tuple[str, str], str] = {("nvfp4", "te"): "NVFP4", ("fp8", "torchao"): "FP8"}
+REAL_KERNELS: dict[tuple[str, str], str] = {("nvfp4", "te"): "NVFP4", ("fp8", "torchao"): "FP8",
+                                             ("fp8_tensor", "torchao"): "FP8"}
 
 
 def get_backend(name: str) -> QuantBackend:
@@ -177,8 +178,9 @@ def _check_backend(backend: str, precision: str, device: DeviceFacts) -> None:
     if backend == "torchao":
         if not device.torchao:
             raise ValueError("backend='torchao' needs torchao (pip install torchao); use backend='project'")
-        if precision != "fp8":
-            raise ValueError(f"backend='torchao' runs only precision='fp8' (got {precision!r}); use backend='auto'")
+        if precision not in FP8_PRECISIONS:
+            raise ValueError(f"backend='torchao' runs only precision='fp8' or 'fp8_tensor' (got {precision!r}); "
+                             "use backend='auto'")
         if device.capability is not None and not device.fp8_gemms:
             raise ValueError(
                 f"backend='torchao' needs FP8 tensor cores (sm_89 or newer), got {device.name}; use backend='auto'"

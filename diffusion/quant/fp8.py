@@ -1,4 +1,4 @@
-"""Per-tensor FP8 (E4M3) fake quantization as a pure tensor function."""
+"""FP8 (E4M3) fake quantization as a pure tensor function, with one scale or a broadcast tensor of them."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ _AMAX_EPSILON = 2.0**-24
 
 @torch.no_grad()
 def fp8_fake_quant(x: torch.Tensor, amax: torch.Tensor | float | None = None) -> torch.Tensor:
-    """Quantize ``x`` to E4M3 with one per-tensor scale and dequantize it again.
+    """Quantize ``x`` to E4M3 and dequantize it again, with one scale (``amax`` a scalar, by default
+    ``max|x|``) or one per slice (``amax`` broadcast against ``x``, e.g. ``[..., 1]`` per row).
 
-    With ``k = 448 / amax`` (``amax`` defaults to ``max|x|``; an amax <= 2^-24 is replaced by 1, so
-    an all-zero tensor stays zero)::
+    With ``k = 448 / amax`` (an amax <= 2^-24 is replaced by 1, so an all-zero row stays zero)::
 
         q = e4m3(clamp(x·k, -448, 448)) · (1 / k)
 

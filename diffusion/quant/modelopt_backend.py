@@ -25,7 +25,8 @@ from diffusion.quant.project_backend import PROJECT
 _PRESETS = {
     "nvfp4": "NVFP4_DEFAULT_CFG",
     "nvfp4_w4a16": "W4A16_NVFP4_CFG",
-    "fp8": "FP8_DEFAULT_CFG",
+    "fp8": "FP8_PER_CHANNEL_PER_TOKEN_CFG",  # weights per output channel, inputs per token (dynamic)
+    "fp8_tensor": "FP8_DEFAULT_CFG",
 }
 
 

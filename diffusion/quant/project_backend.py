@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from diffusion.quant.precision import (
+    FP8_PRECISIONS,
     QUANTIZED_PRECISIONS,
     Precision,
     check_precision,
@@ -71,7 +72,7 @@ class _FakeQuantGemm(nn.Module):
         Re-quantizing decoded NVFP4 values is not always the identity in FP32 (the tensor scale can move
         by one ulp), so values that arrive quantized are used as they are, bit for bit.
         """
-        if self.precision == "fp8":
+        if self.precision in FP8_PRECISIONS:
             raise ValueError("adopt_quantized is for NVFP4 layers; FP8 engines take dense weights")
         weight = self._gemm_weight()
         self.weight_amax = weight.abs().amax().float()

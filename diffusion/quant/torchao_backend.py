@@ -1,11 +1,20 @@
 """The ``torchao`` backend: real FP8 GEMMs (``torch._scaled_mm``) with torchao's ``Float8Tensor``.
 
 This is the engine of ``precision: fp8`` on the GPUs most users have, Hopper (sm_90) and Ada (sm_89),
-and on Blackwell the one for FP8: the weights are held in E4M3 with one per-tensor scale, each input
-is quantized to E4M3 with a dynamic per-tensor scale on every call, and the GEMM runs on the FP8
-tensor cores. The numerics are the project's ``fp8`` precision (:mod:`diffusion.quant.precision`), so
-in float32 the layer equals the ``project`` backend's fake-quantized one bit for bit (tested on CPU,
-where ``torch._scaled_mm`` has a reference kernel).
+and on Blackwell the one for FP8: the weights are held in E4M3 with a scale per output channel, each input
+is quantized to E4M3 with a dynamic scale per row (token) on every call, and the GEMM runs on the FP8
+tensor cores — torchao's ``PerRow`` granularity, the one its ``Float8DynamicActivationFloat8WeightConfig``
+recommends for accuracy, and the one under which a candidate's result does not depend on its batchmates.
+``precision: fp8_tensor`` is its ``PerTensor`` (one scale for the weight, one per call for the input). The
+FP8 codes and scales are the project's (:mod:`diffusion.quant.precision`) for both, so in float32 the layer
+agrees with the ``project`` backend's fake-quantized one to fp32 rounding (tested on CPU, where
+``torch._scaled_mm`` has a reference kernel).
+
+The weight is the ``Float8Tensor`` that ``quantize_(model, Float8DynamicActivationFloat8WeightConfig(...))``
+puts in a Linear, built from the same config object's fields (``_float8_weight``), not through ``quantize_``
+itself: ``quantize_`` asserts an sm_89+ GPU (so it cannot run in the CPU suite), takes only bfloat16 weights
+for ``PerRow``, and replaces the Parameter that weight sync writes into. Building the tensor from the config
+keeps the engine's own high-precision weight and its in-place refresh.
 
 Why torchao rather than Transformer Engine's FP8 recipes (the choice is written down in
 ``docs/gpu.md``):
@@ -37,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from diffusion.quant.precision import Precision
+from diffusion.quant.precision import FP8_PRECISIONS, Precision
 from diffusion.quant.project_backend import QuantConv1x1, QuantLinear, gemm_dims
 
 # torch._scaled_mm needs both GEMM dims to be multiples of 16.
@@ -58,23 +67,37 @@ def torchao_available() -> bool:
     return _torchao() is not None
 
 
-def _float8_weight(weight: torch.Tensor) -> torch.Tensor:
-    """torchao's ``Float8Tensor`` of the ``[out, in]`` ``weight``: E4M3 with one per-tensor scale, and
-    the same per-tensor dynamic quantization for every input it multiplies."""
+def float8_config(precision: Precision):
+    """torchao's public ``Float8DynamicActivationFloat8WeightConfig`` of ``precision``: ``PerRow`` for ``fp8``,
+    ``PerTensor`` for ``fp8_tensor``; fast accumulation; ``torch._scaled_mm`` as the kernel (the one that
+    exists for both granularities on CPU and GPU)."""
     ao = _torchao()
     if ao is None:
         raise RuntimeError("backend='torchao' needs torchao (pip install torchao); use backend='project'")
-    from torchao.float8.inference import Float8MMConfig
-    from torchao.quantization.quantize_.common import KernelPreference
+    from torchao.quantization.quantize_.common import KernelPreference  # not exported by torchao.quantization
+
+    granularity = {"fp8": ao.PerRow, "fp8_tensor": ao.PerTensor}[precision]()
+    return ao.Float8DynamicActivationFloat8WeightConfig(
+        granularity=granularity, mm_config=ao.Float8MMConfig(use_fast_accum=True),
+        kernel_preference=KernelPreference.TORCH)
+
+
+def _float8_weight(weight: torch.Tensor, precision: Precision) -> torch.Tensor:
+    """The ``Float8Tensor`` of the ``[out, in]`` ``weight`` that ``quantize_`` builds for ``float8_config
+    (precision)`` (its ``_float8_dynamic_activation_float8_weight_quantize_tensor``, PLAIN packing): the
+    weight's codes and scales, and the dynamic quantization of every input it multiplies."""
+    ao = _torchao()
     from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
 
-    scaling = {
-        "granularity": ao.PerTensor(),
-        "mm_config": Float8MMConfig(use_fast_accum=True),
-        # torch._scaled_mm everywhere: the one kernel that exists for per-tensor scales on CPU and GPU.
-        "kernel_preference": KernelPreference.TORCH,
-    }
-    return ao.Float8Tensor.from_hp(weight, act_quant_kwargs=QuantizeTensorToFloat8Kwargs(**scaling), **scaling)
+    config = float8_config(precision)
+    activation, weight_granularity = config.granularity  # normalised to [activation, weight] by the config
+    act_quant_kwargs = QuantizeTensorToFloat8Kwargs(config.activation_dtype, activation,
+                                                    hp_value_lb=config.activation_value_lb,
+                                                    hp_value_ub=config.activation_value_ub,
+                                                    kernel_preference=config.kernel_preference)
+    return ao.Float8Tensor.from_hp(weight, float8_dtype=config.weight_dtype, granularity=weight_granularity,
+                                   mm_config=config.mm_config, kernel_preference=config.kernel_preference,
+                                   act_quant_kwargs=act_quant_kwargs)
 
 
 class Float8Gemm:
@@ -92,7 +115,7 @@ class Float8Gemm:
         """Quantize the current weight; after the first time, into the existing FP8 data and scale."""
         weight = self._gemm_weight()
         self.weight_amax = weight.abs().amax().float()
-        fresh = _float8_weight(weight)
+        fresh = _float8_weight(weight, self.precision)
         current = self.weight_fq
         if type(current) is type(fresh) and current.qdata.shape == fresh.qdata.shape:
             current.qdata.copy_(fresh.qdata)
@@ -108,7 +131,7 @@ class Float8Gemm:
 
 
 class Float8Linear(Float8Gemm, QuantLinear):
-    """``nn.Linear`` computed as ``e4m3(x)·e4m3(W)ᵀ`` by ``torch._scaled_mm`` (per-tensor scales)."""
+    """``nn.Linear`` computed as ``e4m3(x)·e4m3(W)ᵀ`` by ``torch._scaled_mm`` (per-row or per-tensor scales)."""
 
 
 class Float8Conv1x1(Float8Gemm, QuantConv1x1):
@@ -132,8 +155,8 @@ class TorchaoBackend:
         precision: Precision,
         block_size: int = 16,
     ) -> nn.Module:
-        if precision != "fp8":
-            raise ValueError(f"backend 'torchao' runs precision='fp8' only, got {precision!r}")
+        if precision not in FP8_PRECISIONS:
+            raise ValueError(f"backend 'torchao' runs precision='fp8' or 'fp8_tensor' only, got {precision!r}")
         for name in (*linears, *convs):
             old = engine.get_submodule(name)
             layer = (Float8Conv1x1 if isinstance(old, nn.Conv2d) else Float8Linear)(old, precision)

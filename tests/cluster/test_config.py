@@ -28,7 +28,7 @@ def test_embedded_preset_loads_with_overrides():
     ("override", "message"),
     [
         ("explore.precision=int3",
-         r"explore\.precision: Input should be 'auto', 'nvfp4', 'nvfp4_w4a16', 'fp8' or 'none'"),
+         r"explore\.precision: Input should be 'auto', 'nvfp4', 'nvfp4_w4a16', 'fp8', 'fp8_tensor' or 'none'"),
         ("explore.stepz=3", r"explore\.stepz: unknown field"),
         ("sampler.steps=0", r"sampler\.steps: Input should be greater than or equal to 1"),
         ("sampler.solver=heun", r"sampler\.solver: Input should be 'euler', 'dpm2' or 'flow_sde'"),
@@ -185,7 +185,7 @@ def test_launch_refuses_a_bad_config_before_ray_starts(capsys, tmp_path, own_ray
 
     assert launch.main(["--set", "explore.precision=int3", "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert "explore.precision: Input should be 'auto', 'nvfp4', 'nvfp4_w4a16', 'fp8' or 'none'" in err
+    assert "explore.precision: Input should be 'auto', 'nvfp4', 'nvfp4_w4a16', 'fp8', 'fp8_tensor' or 'none'" in err
     assert not ray.is_initialized() and not (tmp_path / "r").exists()
     assert launch.main(["--resume", str(tmp_path / "nothing")]) == 2
     assert "no config.yaml there" in capsys.readouterr().err

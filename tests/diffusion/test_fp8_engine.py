@@ -105,28 +105,51 @@ def test_torchao_replaces_the_layers_its_gemm_takes_and_keeps_the_state_dict() -
     assert all(torch.equal(engine.state_dict()[k], v) for k, v in model.state_dict().items())
 
 
-def test_torchao_fp8_codes_and_scales_are_the_projects_fp8() -> None:
+# the amax each FP8 precision scales by: per output channel / per row, or one for the tensor
+AMAX = {"fp8": lambda t: t.abs().amax(dim=-1, keepdim=True), "fp8_tensor": lambda t: t.abs().amax()}
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8_tensor"])
+def test_torchao_fp8_codes_and_scales_are_the_projects_fp8(precision) -> None:
     """Weight and input are quantized to the codes `fp8_fake_quant` rounds to (E4M3 of x·448/amax) with the
-    scale amax/448. Dequantized, the two differ by at most two fp32 ulps: torchao multiplies the codes by
+    scale amax/448, amax per output channel and per input row (`fp8`, torchao's PerRow) or per tensor
+    (`fp8_tensor`). Dequantized, the two differ by at most two fp32 ulps: torchao multiplies the codes by
     amax/448, the fake quantization by the fp32 reciprocal of 448/amax (modelopt's order). The GEMM then
     accumulates in its own order, so one layer agrees with the fake-quantized one to rounding."""
+    amax = AMAX[precision]
     with torch.random.fork_rng():
         torch.manual_seed(15)  # a layer whose dequantized weights show the difference
-        layer = quantize(nn.Linear(64, 128), "fp8", backend="torchao")
+        layer = quantize(nn.Linear(64, 128), precision, backend="torchao")
     weight = layer.weight.detach()
-    codes = (weight * (448 / weight.abs().amax())).clamp(-448, 448).to(torch.float8_e4m3fn)
+    codes = (weight * (448 / amax(weight))).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert torch.equal(layer.weight_fq.qdata.view(torch.uint8), codes.view(torch.uint8))
-    assert torch.equal(layer.weight_fq.scale.reshape(()), weight.abs().amax() / 448)
-    dequantized, fake = layer.weight_fq.dequantize(), fp8_fake_quant(weight)
+    assert torch.equal(layer.weight_fq.scale.reshape(-1), (amax(weight) / 448).reshape(-1))
+    assert layer.weight_fq.scale.numel() == (128 if precision == "fp8" else 1)
+    dequantized, fake = layer.weight_fq.dequantize(), fp8_fake_quant(weight, amax(weight))
     assert not torch.equal(dequantized, fake)
     torch.testing.assert_close(dequantized, fake, rtol=2**-22, atol=0)  # within two fp32 ulps
     x = torch.randn(3, 77, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         out = layer(x)
-        fake = torch.nn.functional.linear(fp8_fake_quant(x), fp8_fake_quant(weight), layer.bias)
+        fake = torch.nn.functional.linear(fp8_fake_quant(x, amax(x)), fp8_fake_quant(weight, amax(weight)),
+                                          layer.bias)
     assert out.shape == (3, 77, 128)
     torch.testing.assert_close(out, fake, rtol=1e-5, atol=1e-5)
     assert not torch.equal(out, torch.nn.functional.linear(x, weight, layer.bias))  # it did quantize
+
+
+@pytest.mark.parametrize("backend", ["project", "torchao"])
+def test_a_rows_fp8_result_does_not_depend_on_its_batchmates(backend) -> None:
+    """Per-row scaling (`fp8`): a sample's output is the same bit for bit whichever samples share its batch —
+    here the second batch holds a sample 100× larger, which moves the per-tensor scale (`fp8_tensor`) of every
+    row and so its neighbours' results."""
+    rows = torch.randn(4, 77, 64, generator=torch.Generator().manual_seed(5))
+    other = torch.cat([rows[:1], 100 * rows[1:]])  # sample 0 with other batchmates
+    for precision in ("fp8", "fp8_tensor"):
+        layer = quantize(mlp(0), precision, backend=backend)
+        with torch.no_grad():
+            same = torch.equal(layer(rows)[0], layer(other)[0])
+        assert same == (precision == "fp8"), precision
 
 
 def test_refresh_after_a_load_equals_a_fresh_engine_and_reuses_the_fp8_storage() -> None:
@@ -166,8 +189,8 @@ def test_a_1x1_conv_runs_as_a_real_fp8_linear_over_channels() -> None:
     assert isinstance(engine[0], Float8Conv1x1)
     x = torch.randn(2, 32, 4, 4, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        rows = x.flatten(2).transpose(1, 2)
-        fake = torch.nn.functional.linear(fp8_fake_quant(rows), fp8_fake_quant(conv.weight.reshape(64, 32)),
+        rows, weight, amax = x.flatten(2).transpose(1, 2), conv.weight.reshape(64, 32), AMAX["fp8"]
+        fake = torch.nn.functional.linear(fp8_fake_quant(rows, amax(rows)), fp8_fake_quant(weight, amax(weight)),
                                           conv.bias).transpose(1, 2).reshape(2, 64, 4, 4)
         torch.testing.assert_close(engine(x), fake, rtol=1e-5, atol=1e-5)
 

@@ -33,11 +33,19 @@ from diffusion.quant.precision import check_precision
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 
+
+
+def fp8_per_row(x: torch.Tensor) -> torch.Tensor:
+    """E4M3 with one scale per row (a weight's output channel, an input's token): amax = max|row|."""
+    return fp8_fake_quant(x, x.abs().amax(dim=-1, keepdim=True).float())
+
+
 QUANT: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {
     # precision: (activation quantizer, weight quantizer) of the hand computation
     "nvfp4": (nvfp4_fake_quant, nvfp4_fake_quant),
     "nvfp4_w4a16": (lambda x: x, nvfp4_fake_quant),
-    "fp8": (fp8_fake_quant, fp8_fake_quant),
+    "fp8": (fp8_per_row, fp8_per_row),
+    "fp8_tensor": (fp8_fake_quant, fp8_fake_quant),
 }
 
 
@@ -151,7 +159,7 @@ def test_engine_keeps_state_dict_keys_and_leaves_the_original_untouched() -> Non
     assert not any(isinstance(module, QuantLinear) for module in model.modules())
 
 
-@pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_w4a16", "fp8"])
+@pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_w4a16", "fp8", "fp8_tensor"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_forward_equals_hand_computation(precision: str, dtype: torch.dtype) -> None:
     model = mlp().to(dtype)
@@ -200,7 +208,7 @@ def test_none_is_a_plain_deep_copy() -> None:
         assert torch.equal(engine(x), model(x))
 
 
-@pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_w4a16", "fp8"])
+@pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_w4a16", "fp8", "fp8_tensor"])
 def test_load_weights_then_refresh_equals_a_fresh_engine(precision: str) -> None:
     engine = quantize(mlp(0), precision)
     pointers = {key: value.data_ptr() for key, value in engine.state_dict().items()}
@@ -251,7 +259,7 @@ def test_partial_state_needs_strict_false() -> None:
     load_weights(engine, partial, strict=False)
     assert torch.equal(engine[2].weight, new[2].weight)
     assert torch.equal(engine[0].weight, mlp(0)[0].weight)
-    assert_bitwise_equal(engine[2].weight_fq, fp8_fake_quant(new[2].weight.detach()))
+    assert_bitwise_equal(engine[2].weight_fq, fp8_per_row(new[2].weight.detach()))
 
 
 def test_load_weights_rejects_bad_states_without_touching_the_engine() -> None:
@@ -271,9 +279,9 @@ def test_load_weights_rejects_bad_states_without_touching_the_engine() -> None:
 
 
 def test_unknown_precision_and_backend_list_the_allowed_values() -> None:
-    with pytest.raises(ValueError, match=r"'nvfp8'.*'nvfp4', 'nvfp4_w4a16', 'fp8', 'none'"):
+    with pytest.raises(ValueError, match=r"'nvfp8'.*'nvfp4', 'nvfp4_w4a16', 'fp8', 'fp8_tensor', 'none'"):
         check_precision("nvfp8")
-    assert PRECISIONS == ("nvfp4", "nvfp4_w4a16", "fp8", "none")
+    assert PRECISIONS == ("nvfp4", "nvfp4_w4a16", "fp8", "fp8_tensor", "none")
     with pytest.raises(ValueError, match=r"'cuda'.*'auto', 'project', 'modelopt', 'torchao', 'te'"):
         resolve_backend("cuda", "nvfp4", mlp()[0].weight.device)  # type: ignore[arg-type]
 
@@ -298,15 +306,17 @@ def test_te_unavailable_is_a_clear_error() -> None:
         pass
 
 
-def test_modelopt_backend_matches_the_project_backend_for_fp8_on_cpu() -> None:
+@pytest.mark.parametrize("precision", ["fp8", "fp8_tensor"])
+def test_modelopt_backend_matches_the_project_backend_for_fp8_on_cpu(precision: str) -> None:
     """modelopt's FP8 fake quant also runs on CPU (its NVFP4 one is CUDA-only), so the modelopt
     backend's config, layer selection and refresh are exercised here through the backend registry
-    (``build_engine`` takes the concrete backend as given; an ``ExploreEngine`` would refuse the CPU)."""
+    (``build_engine`` takes the concrete backend as given; an ``ExploreEngine`` would refuse the CPU).
+    ``fp8`` is modelopt's per-channel/per-token preset, ``fp8_tensor`` its per-tensor default."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        engine = build_engine(mlp(0), "fp8", "modelopt", linears=["0", "4"])
+        engine = build_engine(mlp(0), precision, "modelopt", linears=["0", "4"])
         assert quantized_layer_names(engine) == ["0", "4"] and runtime_backend(engine) == "modelopt"
-        reference = quantize(mlp(0), "fp8", skip=["2"], backend="project")
+        reference = quantize(mlp(0), precision, skip=["2"], backend="project")
         x = torch.randn(6, 32, generator=torch.Generator().manual_seed(4))
         with torch.no_grad():
             assert_bitwise_equal(engine(x), reference(x))
@@ -318,7 +328,9 @@ def test_modelopt_backend_matches_the_project_backend_for_fp8_on_cpu() -> None:
                         layer.weight.mul_(0.25)
             load_weights(engine, new.state_dict())
             load_weights(reference, new.state_dict())
-            assert engine[0].weight_quantizer.amax == new[0].weight.abs().max()
+            per_row = precision == "fp8"
+            expected_amax = new[0].weight.abs().amax(dim=1) if per_row else new[0].weight.abs().max()
+            assert torch.equal(engine[0].weight_quantizer.amax.flatten(), expected_amax.flatten())
             assert_bitwise_equal(engine(x), reference(x))
 
 
@@ -345,7 +357,7 @@ def hand_conv1x1(conv: nn.Conv2d, x: torch.Tensor, precision: str) -> torch.Tens
     return F.linear(quant_x(rows), weight, conv.bias).transpose(1, 2).reshape(batch, -1, height, width)
 
 
-@pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_w4a16", "fp8"])
+@pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_w4a16", "fp8", "fp8_tensor"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_conv1x1_runs_as_a_quantized_linear_over_channels(precision: str, dtype: torch.dtype) -> None:
     model = ConvFFN().to(dtype)
@@ -361,7 +373,7 @@ def test_conv1x1_runs_as_a_quantized_linear_over_channels(precision: str, dtype:
     assert quantized_layer_names(quantize(model, precision)) == []  # convs only with conv1x1
 
 
-@pytest.mark.parametrize("precision", ["nvfp4", "fp8"])
+@pytest.mark.parametrize("precision", ["nvfp4", "fp8", "fp8_tensor"])
 def test_conv1x1_load_weights_then_refresh_equals_a_fresh_engine(precision: str) -> None:
     engine = quantize(ConvFFN(0), precision, conv1x1=True)
     new = ConvFFN(1)
