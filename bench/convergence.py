@@ -75,10 +75,10 @@ def prices_from(costs: Costs) -> dict[str, float]:
 def images_per_step(config: TrainerConfig) -> dict[str, tuple[int, int]]:
     """Per step counter, (images, sample-steps) of one unit of the work it counts in a run of `config`, each
     image decoded and scored once (`learner.slot_rollout.SlotRollout.rollout`): a kept sample (regeneration,
-    K-in-K) is one image per S_r steps; Sol-RL's explore pass N + M images (M: successive halving's survivors,
-    0 without) per `Sampling.pool_steps(N)` steps (N·S_x, or N·f + M·(S_x − f)); a pool trained on (naive
-    scaling, naive quantization) one image per sampler step count. Pool sizes must be fixed: a schedule that
-    varies them per slot has only its counter."""
+    K-in-K) is one image per S_r steps (2·S_r under CFG: `Sampling.sample_steps`); Sol-RL's explore pass
+    N + M images (M: successive halving's survivors, 0 without) per `Sampling.pool_steps(N)` steps (N·S_x,
+    or N·f + M·(S_x − f)); a pool trained on (naive scaling, naive quantization) one image per sampler step
+    count. Pool sizes must be fixed: a schedule that varies them per slot has only its counter."""
     if config.explore.schedule not in ("fixed", "halving"):
         raise ValueError(f"explore.schedule {config.explore.schedule}: pool sizes vary per slot, so scored "
                          "images cannot be told from step counts; such a run must record scored_images")
@@ -87,8 +87,8 @@ def images_per_step(config: TrainerConfig) -> dict[str, tuple[int, int]]:
     if algorithm.explore_steps == "explore":
         pool = (n + (explore.halving[1] if explore.halving is not None else 0), explore.pool_steps(n))
     else:
-        pool = (1, regen.steps)
-    return {"fp_sample_steps": (1, regen.steps), "fp_pool_sample_steps": pool, "lp_sample_steps": pool}
+        pool = (1, regen.sample_steps(1))
+    return {"fp_sample_steps": (1, regen.sample_steps(1)), "fp_pool_sample_steps": pool, "lp_sample_steps": pool}
 
 
 def backfill_scored_images(point: dict[str, Any], config: TrainerConfig) -> float:
@@ -310,6 +310,8 @@ def plot(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path, ylabel: s
     fig.savefig(path, dpi=110)
 
 
+FLOW_GRPO = ["learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
+             "sampler.cfg_scale=4.5"]
 # Named runs: the settings each adds to the common ones (--set). The four algorithms of the paper, the
 # controls, and the ablations of Tables 2 and 3 (Sol-RL with other explore steps, other pool sizes).
 RUNS: dict[str, list[str]] = {
@@ -323,14 +325,17 @@ RUNS: dict[str, list[str]] = {
                          "learner.art.trust_mask=trust_region"],
     **{f"sol_rl_explore{s}": ["learner.algorithm=sol_rl", f"explore.steps={s}"] for s in (2, 4, 8)},
     **{f"sol_rl_pool{n}": ["learner.algorithm=sol_rl", f"prompts.candidates={n}"] for n in (24, 48, 72)},
-    # Flow-GRPO as its source runs it (learner.config.GRPOConfig's defaults): K-in-K like DiffusionNFT, SDE
-    # rollouts, the first 9 of 10 steps (0.99), two optimizer steps on stored log π_old, zero advantages dropped
-    "flow_grpo": ["learner.algorithm=diffusionnft", "learner.objective=flow_grpo", "learner.decay.type=0",
-                  "learner.timestep_fraction=0.99"],
+    # Flow-GRPO as its source runs it (learner.config.GRPOConfig's and OBJECTIVE_DEFAULTS' defaults): K-in-K like
+    # DiffusionNFT, SDE rollouts sampled and trained at CFG 4.5 (the source's `config.sample.guidance_scale`; the
+    # embedded model guides: docs/objectives.md), the first 9 of 10 steps (0.99), two optimizer steps on stored
+    # log π_old, zero advantages dropped, the EMA every 8th step
+    "flow_grpo": [*FLOW_GRPO],
     # the same with the EMA folded after every optimizer step instead of every 8th (the source's): how much
     # of Flow-GRPO's deficit here is the EMA's lag over a 60-iteration run (runnable by name)
-    "flow_grpo_ema_every1": ["learner.algorithm=diffusionnft", "learner.objective=flow_grpo",
-                             "learner.decay.type=0", "learner.timestep_fraction=0.99", "training.ema_every=1"],
+    "flow_grpo_ema_every1": [*FLOW_GRPO, "training.ema_every=1"],
+    # the same without guidance (CFG 1, as the NFT runs sample): what the source's CFG gives the baseline
+    # (runnable by name; the evidence before issue 45 ran Flow-GRPO so)
+    "flow_grpo_cfg1": [*FLOW_GRPO, "sampler.cfg_scale=1.0"],
     # adaptive exploration (this project's): every seed f steps, the 48 ends of that ranking finish the 6
     **{f"sol_rl_halving{'' if f == 2 else f}": ["learner.algorithm=sol_rl", "explore.schedule=halving",
                                                   f"explore.halving_steps={f}", "explore.halving_survivors=48"]

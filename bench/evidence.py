@@ -9,7 +9,8 @@ A run whose file exists is not run again, so the suite (hours on two cores) resu
 run killed mid-way continues from its last evaluation (`bench/results/runs/partial/`, `bench.convergence
 --resume-dir`); each run is its own process and should have the machine to itself (its wall clock is reported; the
 modeled GPU time is counted work, not timed). `--report` merges every file into
-`bench/results/evidence.json`, prints the tables of docs/benchmarks.md and draws the figures.
+`bench/results/evidence.json`, prints the tables of docs/benchmarks.md and draws the figures; the runs of the
+previous evidence (`PREVIOUS_RUN_DIR`, made before a change of defaults) give a section on what moved.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import argparse
 import subprocess
 
 from bench.convergence import RUNS
-from bench.evidence_plan import COMMON, ITERATIONS, PLAN, RESULTS, RUN_DIR, command, pending, run_file
+from bench.evidence_plan import COMMON, ITERATIONS, PLAN, PREVIOUS_RUN_DIR, RESULTS, RUN_DIR, command, pending, run_file
 
 __all__ = ["COMMON", "ITERATIONS", "PLAN", "RESULTS", "RUN_DIR", "command", "pending", "run_file"]
 
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
             return
     from bench.evidence_report import report  # matplotlib and the tables: only when reporting
 
-    report(RUN_DIR, RESULTS)
+    report(RUN_DIR, RESULTS, previous_dir=PREVIOUS_RUN_DIR)
 
 
 if __name__ == "__main__":

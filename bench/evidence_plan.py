@@ -10,6 +10,16 @@ from pathlib import Path
 RESULTS = Path("bench/results")
 RUN_DIR = RESULTS / "runs"
 PARTIAL_DIR = RUN_DIR / "partial"  # a run's checkpoints while it trains (`bench.convergence --resume-dir`)
+# The previous evidence, kept to say what a change of defaults moved: its folder and what differed. The runs
+# in RUN_DIR are made on the sources' defaults (issue 45: LoRA A drawn gaussian, as every official config);
+# these were made with peft's default kaiming-uniform A. The other changes issue 45 made to the embedded runs:
+# Flow-GRPO samples, trains and evaluates at CFG 4.5 (its config's), where it sampled at CFG 1 — the runs that
+# keep CFG 1 are `flow_grpo_cfg1` — and its timestep fraction 0.99 now comes from the objective's defaults.
+PREVIOUS_RUN_DIR = RESULTS / "runs_kaiming_init"
+PREVIOUS_CHANGE = "LoRA A drawn kaiming-uniform (peft's default) → gaussian N(0, (1/r)²) (the official configs')"
+# The previous runs under the names of today's runs that share all their settings but the change: Flow-GRPO at
+# CFG 1 was `flow_grpo` then and is `flow_grpo_cfg1` now (so the comparison moves one default at a time).
+PREVIOUS_NAMES = {"flow_grpo": "flow_grpo_cfg1", "flow_grpo_ema_every1": "flow_grpo_cfg1_ema_every1"}
 ITERATIONS = 60
 # Runs trained longer than ITERATIONS, evaluated every EVAL_EVERY_LONG: the 60-iteration curves still rise
 # linearly, and where the pool pays is read off curves that flatten (docs/benchmarks.md).
@@ -27,6 +37,9 @@ PLAN: list[tuple[str, int]] = [
         "naive_scaling", "naive_quant", "sol_rl_shuffled", *ART_READINGS)],
     *[(name, 2) for name in ("flow_grpo", "sol_rl_halving", "naive_scaling", "naive_quant", "sol_rl_shuffled",
                              *ART_READINGS)],
+    # Flow-GRPO read against its own choices: sampling at CFG 1 (the NFT family's), and EMA every step
+    *[("flow_grpo_cfg1", seed) for seed in (0, 1)],
+    ("flow_grpo_ema_every1", 0),
     # the halving schedule the selection bench ranks best (3 steps for all: 0.75× the exploration)
     *[("sol_rl_halving3", seed) for seed in (0, 1, 2)],
     *[(name, seed) for seed in (0, 1, 2) for name in LONG],

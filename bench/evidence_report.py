@@ -28,7 +28,7 @@ import numpy as np
 
 from bench import adaptive_explore, rank_fidelity
 from bench.convergence import BASELINE, add_modeled_cost, first_reach, load_runs, modeled_cost, plot, speedups
-from bench.evidence_plan import ART_READINGS, ITERATIONS, PLAN
+from bench.evidence_plan import ART_READINGS, ITERATIONS, PLAN, PREVIOUS_CHANGE, PREVIOUS_NAMES
 from bench.plan import PlanError, load_costs
 from bench.prices import D_DEFAULT, D_HIGH, D_LOW, IDEAL_FP4_RATIO, fp4_ratio_at, prices_at
 
@@ -66,7 +66,18 @@ D_SETTINGS = (("d = 0 (bracket's low end)", D_LOW), ("d default (midpoint)", D_D
 GRPO_NUMBERS = ("clip_fraction", "step1_clip_fraction", "step2_clip_fraction", "ratio_mean", "step2_ratio_mean",
                 "approx_kl", "step2_approx_kl")
 PENDING = "pending"
-GRPO_EMA_EVERY1 = "flow_grpo_ema_every1"  # flow_grpo with the EMA folded every optimizer step (runnable by name)
+FLOW_GRPO_CFG_NOTE = ("Each run samples, trains and is evaluated at its source's guidance: Flow-GRPO at CFG 4.5 "
+                      "(two forwards a step, counted in its modeled time), DiffusionNFT and Sol-RL at CFG 1 (their "
+                      "source is CFG-free). So Flow-GRPO starts from a higher held-out reward (the base model "
+                      "guided: `bench/results/base_model_cfg.json`); read its gain as well as its level.")
+# Flow-GRPO with one setting changed (runnable by name, outside the plan: bench.convergence.RUNS):
+# variant → (the setting, the source's value, the variant's, the question the pair answers)
+GRPO_VARIANTS = {
+    "flow_grpo_ema_every1": ("EMA folded", "every 8th optimizer step (the source)", "every optimizer step",
+                             "The EMA interval's share of Flow-GRPO's result"),
+    "flow_grpo_cfg1": ("guidance", "CFG 4.5 (the source)", "CFG 1 (the evidence before issue 45)",
+                       "What the source's guidance gives Flow-GRPO (each evaluated at its own CFG)"),
+}
 
 
 def load_all(run_dir: Path) -> Runs:
@@ -219,15 +230,17 @@ def equal_time_table(runs: Runs) -> tuple[str, dict]:
     names = [n for n in PAPER_TABLE_1 if n in runs]
     seeds = seeds_of(runs, names)
     out: dict[str, Any] = {"seeds": seeds, "budget_s": {}, "reward": {n: [] for n in names},
-                           "pending": missing(runs, list(PAPER_TABLE_1))}
+                           "start": {n: [] for n in names}, "pending": missing(runs, list(PAPER_TABLE_1))}
     for seed in seeds:
         budget = min(runs[n][seed][-1]["modeled_s"] for n in names)
         out["budget_s"][seed] = budget
         for n in names:
             out["reward"][n].append(reward_at(runs[n][seed], "modeled_s", budget))
-    lines = ["| run | held-out `digit_margin` at equal modeled GPU time | paper (FLUX, HPSv2) |", "|---|---|---|"]
-    lines += [f"| {n} | {spread(out['reward'][n]) if n in runs else PENDING} | {PAPER_TABLE_1[n]:.4f} |"
-              for n in PAPER_TABLE_1]
+            out["start"][n].append(runs[n][seed][0]["eval_reward"])
+    lines = ["| run | held-out `digit_margin` at equal modeled GPU time | at iteration 0 (its own CFG) | "
+             "paper (FLUX, HPSv2) |", "|---|---|---|---|"]
+    lines += [f"| {n} | {spread(out['reward'][n]) if n in runs else PENDING} | "
+              f"{spread(out['start'][n]) if n in runs else PENDING} | {PAPER_TABLE_1[n]:.4f} |" for n in PAPER_TABLE_1]
     return "\n".join(lines), out
 
 
@@ -255,23 +268,26 @@ def grpo_objective_table(runs: Runs, name: str = "flow_grpo") -> tuple[str, dict
     return "\n".join(lines), out
 
 
-def grpo_ema_note(runs: Runs, name: str = "flow_grpo", variant: str = GRPO_EMA_EVERY1) -> tuple[str, dict]:
-    """`name` (the source's EMA, folded after every 8th optimizer step) beside `variant` (after every one)
-    on the seeds both have: final held-out reward and accuracy, per seed. The variant is not in the plan:
-    without its file the note says how to make it."""
+def grpo_variant_note(runs: Runs, variant: str, name: str = "flow_grpo") -> tuple[str, dict]:
+    """`name` (Flow-GRPO as its source runs it) beside `variant` (one setting changed: `GRPO_VARIANTS`) on
+    the seeds both have: held-out reward at iteration 0 and at the end, final accuracy, per seed. The variant
+    is not in the plan: without its file the note says how to make it."""
+    topic, source_label, variant_label, question = GRPO_VARIANTS[variant]
     seeds = sorted(set(runs.get(name, {})) & set(runs.get(variant, {})))
     if not seeds:
-        return (f"The EMA interval's share of Flow-GRPO's result: not measured (`python -m bench.convergence "
-                f"--runs {variant} --seeds 0 --iterations {ITERATIONS} --set \"reward.weights={{digit_margin: "
-                f"1.0}}\" --json bench/results/runs/{variant}_seed0.json`).", {"seeds": []})
+        return (f"{question}: not measured (`python -m bench.convergence --runs {variant} --seeds 0 --iterations "
+                f"{ITERATIONS} --set \"reward.weights={{digit_margin: 1.0}}\" --json "
+                f"bench/results/runs/{variant}_seed0.json`).", {"seeds": []})
     out: dict[str, Any] = {"seeds": seeds}
     for run in (name, variant):
-        out[run] = {"final_reward": [runs[run][s][-1]["eval_reward"] for s in seeds],
+        out[run] = {"start_reward": [runs[run][s][0]["eval_reward"] for s in seeds],
+                    "final_reward": [runs[run][s][-1]["eval_reward"] for s in seeds],
                     "final_accuracy": [runs[run][s][-1].get("eval_accuracy", math.nan) for s in seeds]}
-    lines = ["| Flow-GRPO, EMA folded | seeds | final held-out reward | final accuracy |", "|---|---|---|---|"]
-    lines += [f"| {label} (`{run}`) | {seeds} | {spread(out[run]['final_reward'])} | "
-              f"{spread(out[run]['final_accuracy'])} |"
-              for label, run in (("every 8th optimizer step (the source)", name), ("every optimizer step", variant))]
+    lines = [f"{question}:", "", f"| Flow-GRPO, {topic} | seeds | held-out reward at iteration 0 | final held-out "
+             "reward | final accuracy |", "|---|---|---|---|---|"]
+    lines += [f"| {label} (`{run}`) | {seeds} | {spread(out[run]['start_reward'])} | "
+              f"{spread(out[run]['final_reward'])} | {spread(out[run]['final_accuracy'])} |"
+              for label, run in ((source_label, name), (variant_label, variant))]
     return "\n".join(lines), out
 
 
@@ -724,6 +740,39 @@ def measured_tables(results: Path) -> list[tuple[str, str]]:
     return sections
 
 
+def moved_table(runs: Runs, previous: Runs, change: str = PREVIOUS_CHANGE) -> tuple[str, dict]:
+    """What a change of defaults moved: per run present in both sets, on the seeds both have, the final
+    held-out reward and the speedup to each set's own `BASELINE` final reward (iterations, modeled GPU time),
+    before → now, and the change of the mean final reward."""
+    names = [n for n in dict.fromkeys([*CONVERGENCE_RUNS, *GRPO_VARIANTS, *LONG_RUNS, *EXPLORE_RUNS.values(),
+                                       *POOL_RUNS.values()]) if n in runs and n in previous]
+    baselines = {n: LONG_BASELINE if n in LONG_RUNS else BASELINE for n in names}
+    lines = [f"Before: {change.split(' → ')[0]}; now: {change.split(' → ')[-1]}. Runs of both sets, on the "
+             "seeds both have (a run not yet re-made is not listed).", "",
+             "| run | seeds | final held-out reward, before | now | now − before (mean) | speedup to the baseline's "
+             "final, iterations, before | now | modeled GPU time, before | now |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    out: dict[str, Any] = {}
+    for name in names:
+        base = baselines[name]
+        seeds = [s for s in runs[name]
+                 if s in previous[name] and s in runs.get(base, {}) and s in previous.get(base, {})]
+        if not seeds:
+            continue
+        rows = {}
+        for label, source in (("before", previous), ("now", runs)):
+            subset = {n: {s: source[n][s] for s in seeds} for n in dict.fromkeys([base, name])}
+            row = speedups(subset, base)[name]
+            rows[label] = {"final": row["final_eval_reward"], "iteration": never_as_nan(row["iteration"]["per_seed"]),
+                           "modeled_s": never_as_nan(row["modeled_s"]["per_seed"])}
+        delta = finite_mean(rows["now"]["final"]) - finite_mean(rows["before"]["final"])
+        out[name] = {"seeds": seeds, **rows, "delta_final": delta}
+        lines.append(f"| {name} | {seeds} | {spread(rows['before']['final'])} | {spread(rows['now']['final'])} | "
+                     f"{delta:+.3f} | {spread(rows['before']['iteration'], 2)} | {spread(rows['now']['iteration'], 2)} "
+                     f"| {spread(rows['before']['modeled_s'], 2)} | {spread(rows['now']['modeled_s'], 2)} |")
+    return "\n".join(lines), out
+
+
 def expected_runs() -> list[tuple[str, int]]:
     """Every (run, seed) the report's sections expect: the suite's PLAN and 3 seeds of each adaptive schedule."""
     expected = list(PLAN) + [(n, s) for n in ADAPTIVE_RUNS for s in EXPECTED_SEEDS]
@@ -748,8 +797,10 @@ def splice(doc: Path, body: str, begin: str = "<!-- evidence:begin -->", end: st
     doc.write_text(f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}")
 
 
-def sections_of(runs: Runs, results: Path) -> tuple[list[tuple[str, str]], dict, dict | None]:
-    """Every section (title, markdown), the numbers of each, and the pool-pays table for the figure."""
+def sections_of(runs: Runs, results: Path, previous: Runs | None = None) -> tuple[list[tuple[str, str]], dict,
+                                                                                  dict | None]:
+    """Every section (title, markdown), the numbers of each, and the pool-pays table for the figure;
+    with `previous` (the evidence before a change of defaults) a section on what moved."""
     sections, numbers = [], {}
     text, numbers["convergence"] = convergence_table(runs)
     sections.append(("Convergence (the paper's Figure/Table 6 protocol): speedup to diffusionnft's final "
@@ -763,9 +814,12 @@ def sections_of(runs: Runs, results: Path) -> tuple[list[tuple[str, str]], dict,
                      text + pending_note(runs, LONG_RUNS)))
     text, numbers["table1"] = equal_time_table(runs)
     grpo_text, numbers["flow_grpo_update"] = grpo_objective_table(runs)
-    ema_text, numbers["flow_grpo_ema"] = grpo_ema_note(runs)
+    variant_texts = []
+    for variant, key in (("flow_grpo_cfg1", "flow_grpo_cfg"), ("flow_grpo_ema_every1", "flow_grpo_ema")):
+        variant_text, numbers[key] = grpo_variant_note(runs, variant)
+        variant_texts.append(variant_text)
     sections.append(("Table 1: held-out reward at equal modeled GPU time, and Flow-GRPO's clip",
-                     f"{text}\n\n{grpo_text}\n\n{ema_text}"))
+                     "\n\n".join([text, FLOW_GRPO_CFG_NOTE, grpo_text, *variant_texts])))
     pair, speed = pool_pair(runs), None
     if pair is None:
         sections.append(("Where the pool pays", f"{PENDING}: needs `{BASELINE}` and `{FIXED}` (or the long pair)."))
@@ -791,17 +845,24 @@ def sections_of(runs: Runs, results: Path) -> tuple[list[tuple[str, str]], dict,
     text, numbers["table3"] = ablation_table(runs, POOL_RUNS, PAPER_TABLE_3, "pool N")
     sections.append(("Table 3: pool size (K = 24, 6 explore steps)", text))
     sections += measured_tables(results)
+    if previous:
+        text, numbers["moved"] = moved_table(runs, previous)
+        sections.append(("What moved from the previous evidence", text))
     sections.append(("Runs in this report", inventory(runs)))
     return sections, numbers, speed
 
 
 def report(run_dir: Path, results: Path, doc: Path = Path("docs/evidence.md"),
-           discussion: Path | None = Path("docs/benchmarks.md")) -> None:
+           discussion: Path | None = Path("docs/benchmarks.md"), previous_dir: Path | None = None) -> None:
+    """The report of the runs in `run_dir` (see the module docstring); with `previous_dir` (the suite passes
+    `PREVIOUS_RUN_DIR`), a section on what the change of defaults between the two sets moved."""
     runs = load_all(run_dir)
     results.mkdir(parents=True, exist_ok=True)
     if BASELINE not in runs:
         raise SystemExit(f"no {BASELINE} run in {run_dir}: it sets every table's target")
-    sections, numbers, speed = sections_of(runs, results)
+    previous = {PREVIOUS_NAMES.get(n, n): by_seed for n, by_seed in load_all(previous_dir).items()} \
+        if previous_dir is not None and previous_dir.is_dir() else None
+    sections, numbers, speed = sections_of(runs, results, previous)
     body = "\n\n".join(f"## {title}\n\n{text}" for title, text in sections)
     if discussion is not None:
         splice(discussion, "\n\n".join(f"#### {title}\n\n{text}" for title, text in sections[:-1]))

@@ -133,6 +133,10 @@ def test_every_named_run_is_a_valid_config_that_sets_what_its_name_says() -> Non
     grpo = configs["flow_grpo"]
     assert grpo.learner.objective == "flow_grpo" and int(grpo.learner.timestep_fraction * grpo.sampler.steps) == 9
     assert (grpo.learner.grpo.optimizer_steps, grpo.learner.grpo.timesteps, grpo.training.ema_every) == (2, "first", 8)
+    assert (grpo.sampler.cfg_scale, configs["diffusionnft"].sampler.cfg_scale) == (4.5, 1.0)  # each its source's
+    cfg1 = configs["flow_grpo_cfg1"]
+    apart = {"sampler": {"cfg_scale"}}
+    assert cfg1.sampler.cfg_scale == 1.0 and cfg1.model_dump(exclude=apart) == grpo.model_dump(exclude=apart)
     ema1 = configs["flow_grpo_ema_every1"]
     apart = {"training": {"ema_every"}}
     assert ema1.training.ema_every == 1 and ema1.model_dump(exclude=apart) == grpo.model_dump(exclude=apart)
@@ -150,8 +154,10 @@ def test_every_named_run_is_a_valid_config_that_sets_what_its_name_says() -> Non
 def test_old_run_files_get_the_scored_images_their_counter_would_have_given() -> None:
     """Points recorded before scored_images was counted: every image has one decode + reward, so it follows
     from the step counters and the named run's settings (per prompt: K-in-K 24 at 10 steps; Sol-RL's 96 at
-    6 FP4 steps + 24; halving from 2 and 3 steps 96·f + 48·(6 − f) steps for 96 + 48, + 24)."""
-    per_prompt = {"diffusionnft": (240, 0, 0, 24), "flow_grpo": (240, 0, 0, 24), "naive_scaling": (0, 960, 0, 96),
+    6 FP4 steps + 24; halving from 2 and 3 steps 96·f + 48·(6 − f) steps for 96 + 48, + 24; Flow-GRPO's
+    CFG 4.5 two forwards a step, so half the images of CFG 1's steps)."""
+    per_prompt = {"diffusionnft": (240, 0, 0, 24), "flow_grpo": (240, 0, 0, 12), "flow_grpo_cfg1": (240, 0, 0, 24),
+                  "naive_scaling": (0, 960, 0, 96),
                   "naive_quant": (0, 0, 960, 96), "sol_rl": (240, 0, 576, 120), "sol_rl_explore2": (240, 0, 192, 120),
                   "sol_rl_pool48": (240, 0, 288, 72), "sol_rl_halving": (240, 0, 384, 168),
                   "sol_rl_halving3": (240, 0, 432, 168)}

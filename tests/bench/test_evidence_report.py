@@ -21,10 +21,12 @@ from bench.evidence_report import (
     convergence_table,
     deepest_dip,
     equal_time_table,
-    grpo_ema_note,
     grpo_objective_table,
+    grpo_variant_note,
     level_speedup,
+    load_all,
     lp_prices,
+    moved_table,
     objective_max,
     objective_mean,
     pool_pair,
@@ -88,6 +90,7 @@ def test_equal_time_rewards_are_interpolated_at_the_cheapest_runs_final_budget()
     per_it = runs["sol_rl"][0][1]["modeled_s"]
     assert table["reward"]["sol_rl"] == [pytest.approx(2.0 * budget / per_it)]
     assert table["reward"]["diffusionnft"] == [3.0] and table["reward"]["flow_grpo"] == [1.5]
+    assert table["start"]["flow_grpo"] == [0.0]
 
 
 def test_spread_keeps_per_seed_values_and_names_targets_never_reached() -> None:
@@ -101,7 +104,7 @@ def test_a_run_without_a_file_is_a_pending_row_in_every_table() -> None:
     assert "| sol_rl_spread | pending | — |" in text and "sol_rl_spread" not in summary
     assert summary["sol_rl"]["iteration"]["per_seed"] == [pytest.approx(2.0)] * 2
     text, table = equal_time_table(runs)
-    assert "| flow_grpo | pending | 0.3501 |" in text and table["pending"] == ["flow_grpo"]
+    assert "| flow_grpo | pending | pending | 0.3501 |" in text and table["pending"] == ["flow_grpo"]
     text, _ = grpo_objective_table(runs)
     assert "pending" in text
     text, table = art_table(runs)
@@ -220,14 +223,16 @@ def test_flow_grpos_logged_numbers_are_averaged_over_the_iterations_they_cover()
     assert "The clip binds: 30.0%" in text and "| step2_clip_fraction | 0.6000" in text
 
 
-def test_the_ema_interval_note_compares_the_seeds_both_runs_have() -> None:
-    runs = {"flow_grpo": {0: points([0.0, 5.0], fp=1), 1: points([0.0, 6.0], fp=1)},
-            "flow_grpo_ema_every1": {1: points([0.0, 9.0], fp=1, accuracy=[0.5, 0.8])}}
-    text, table = grpo_ema_note(runs)
+@pytest.mark.parametrize("variant", ["flow_grpo_ema_every1", "flow_grpo_cfg1"])
+def test_a_flow_grpo_variant_note_compares_the_seeds_both_runs_have(variant: str) -> None:
+    runs = {"flow_grpo": {0: points([0.0, 5.0], fp=1), 1: points([2.0, 6.0], fp=1)},
+            variant: {1: points([0.5, 9.0], fp=1, accuracy=[0.5, 0.8])}}
+    text, table = grpo_variant_note(runs, variant)
     assert table["seeds"] == [1] and table["flow_grpo"]["final_reward"] == [6.0]
-    assert table["flow_grpo_ema_every1"]["final_accuracy"] == [0.8] and "| every optimizer step" in text
-    text, table = grpo_ema_note({"flow_grpo": runs["flow_grpo"]})
-    assert table["seeds"] == [] and "not measured (`python -m bench.convergence --runs flow_grpo_ema_every1" in text
+    assert table["flow_grpo"]["start_reward"] == [2.0] and table[variant]["start_reward"] == [0.5]
+    assert table[variant]["final_accuracy"] == [0.8] and f"(`{variant}`) | [1] | 0.500" in text
+    text, table = grpo_variant_note({"flow_grpo": runs["flow_grpo"]}, variant)
+    assert table["seeds"] == [] and f"not measured (`python -m bench.convergence --runs {variant}" in text
 
 
 def test_the_deepest_dip_is_the_largest_drop_below_an_earlier_peak() -> None:
@@ -343,6 +348,29 @@ def test_report_builds_every_table_from_per_run_files(tmp_path) -> None:
     assert "Runs in this report" not in spliced  # the inventory stays in the generated file
     report(runs, results, doc, discussion)
     assert discussion.read_text() == spliced  # a second report replaces the tables, nothing piles up
+
+
+def test_what_moved_compares_each_run_with_its_previous_self_on_the_seeds_both_have(tmp_path) -> None:
+    """Before: sol_rl reaches diffusionnft's final 2.0 when it does (speedup 1); now it reaches 2.0 at iteration 1
+    (speedup 2) and ends at 4.0 (+2.0). Seed 1 exists only now: left out; a run only in one set is not listed."""
+    now, before = tmp_path / "now", tmp_path / "before"
+    for seed in (0, 1):
+        write(now, "diffusionnft", seed, [0.0, 1.0, 2.0], fp=100)
+        write(now, "sol_rl", seed, [0.0, 2.0, 4.0], fp=100, lp=10)
+    write(before, "diffusionnft", 0, [0.0, 1.0, 2.0], fp=100)
+    write(before, "sol_rl", 0, [0.0, 1.0, 2.0], fp=100, lp=10)
+    write(now, "flow_grpo", 0, [0.0, 0.1, 0.2], fp=100)
+    text, out = moved_table(load_all(now), load_all(before), "A → B")
+    assert set(out) == {"diffusionnft", "sol_rl"} and out["sol_rl"]["seeds"] == [0]
+    assert out["sol_rl"]["before"]["iteration"] == [pytest.approx(1.0)]
+    assert out["sol_rl"]["now"]["iteration"] == [pytest.approx(2.0)]
+    assert out["sol_rl"]["delta_final"] == pytest.approx(2.0) and out["diffusionnft"]["delta_final"] == 0.0
+    assert text.startswith("Before: A; now: B.") and "| sol_rl | [0] | 2.000 (2.000–2.000) [2.000] |" in text
+    results, doc = tmp_path / "results", tmp_path / "evidence.md"
+    report(now, results, doc, None, previous_dir=before)
+    assert "## What moved from the previous evidence" in doc.read_text()
+    report(now, results, doc, None)
+    assert "What moved" not in doc.read_text()
 
 
 def test_report_reads_the_long_pair_when_its_files_exist(tmp_path) -> None:
