@@ -75,7 +75,7 @@ FLOW_GRPO_CFG_NOTE = ("Each run samples, trains and is evaluated at its source's
 GRPO_VARIANTS = {
     "flow_grpo_ema_every1": ("EMA folded", "every 8th optimizer step (the source)", "every optimizer step",
                              "The EMA interval's share of Flow-GRPO's result"),
-    "flow_grpo_cfg1": ("guidance", "CFG 4.5 (the source)", "CFG 1 (the evidence before issue 45)",
+    "flow_grpo_cfg1": ("guidance", "CFG 4.5 (the source)", "CFG 1 (the previous evidence's)",
                        "What the source's guidance gives Flow-GRPO (each evaluated at its own CFG)"),
 }
 
@@ -773,6 +773,46 @@ def moved_table(runs: Runs, previous: Runs, change: str = PREVIOUS_CHANGE) -> tu
     return "\n".join(lines), out
 
 
+def shared_runs(runs: Runs, previous: Runs) -> tuple[Runs, Runs]:
+    """Both sets cut to the (run, seed) pairs both hold, so a number computed on each compares like with like."""
+    names = [n for n in runs if n in previous]
+    cut = {n: sorted(set(runs[n]) & set(previous[n])) for n in names}
+    return ({n: {s: runs[n][s] for s in cut[n]} for n in names if cut[n]},
+            {n: {s: previous[n][s] for s in cut[n]} for n in names if cut[n]})
+
+
+def headline_numbers(runs: Runs) -> dict[str, float]:
+    """The numbers the report's conclusions rest on, by label: Table 1's rewards at equal modeled time, the
+    break-even q* at the default d (the pool pair's), and each ART reading's final reward, max drift_kl and
+    deepest accuracy drop (means over seeds); a number whose runs are absent is left out."""
+    out: dict[str, float] = {}
+    if BASELINE in runs:
+        table1 = equal_time_table(runs)[1]
+        for name, rewards in table1["reward"].items():
+            out[f"Table 1, {name} at equal modeled time"] = finite_mean(rewards)
+    pair = pool_pair(runs)
+    if pair is not None:
+        baseline, run, _ = pair
+        by_d = break_even_table(runs, baseline, run)[1]["by_d"][D_SETTINGS[1][0]]
+        out[f"break-even q* at the default d (`{run}` against `{baseline}`)"] = finite_mean(by_d["break_even_q"])
+    art = art_table(runs)[1]
+    for reading in ART_READINGS:
+        if reading in art:
+            out[f"{reading}: final held-out reward"] = finite_mean(art[reading]["final_reward"])
+            out[f"{reading}: max drift_kl"] = finite_mean(art[reading]["drift_kl_max"])
+            out[f"{reading}: deepest accuracy drop"] = finite_mean(art[reading]["dip_drop"])
+    return out
+
+
+def moved_headlines(runs: Runs, previous: Runs) -> tuple[str, dict]:
+    """`headline_numbers` of both sets on the (run, seed) pairs they share, before → now."""
+    now, before = (headline_numbers(r) for r in shared_runs(runs, previous))
+    labels = [k for k in now if k in before]
+    lines = ["| number (means over the seeds both sets have) | before | now |", "|---|---|---|"]
+    lines += [f"| {k} | {before[k]:.4f} | {now[k]:.4f} |" for k in labels]
+    return "\n".join(lines), {k: {"before": before[k], "now": now[k]} for k in labels}
+
+
 def expected_runs() -> list[tuple[str, int]]:
     """Every (run, seed) the report's sections expect: the suite's PLAN and 3 seeds of each adaptive schedule."""
     expected = list(PLAN) + [(n, s) for n in ADAPTIVE_RUNS for s in EXPECTED_SEEDS]
@@ -847,7 +887,8 @@ def sections_of(runs: Runs, results: Path, previous: Runs | None = None) -> tupl
     sections += measured_tables(results)
     if previous:
         text, numbers["moved"] = moved_table(runs, previous)
-        sections.append(("What moved from the previous evidence", text))
+        headlines, numbers["moved_headlines"] = moved_headlines(runs, previous)
+        sections.append(("What moved from the previous evidence", f"{text}\n\n{headlines}"))
     sections.append(("Runs in this report", inventory(runs)))
     return sections, numbers, speed
 

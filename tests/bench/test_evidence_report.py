@@ -10,6 +10,7 @@ import pytest
 
 from bench.convergence import add_modeled_cost, first_reach, modeled_cost
 from bench.evidence import PLAN, command, pending
+from bench.evidence_plan import PREVIOUS_NAMES
 from bench.evidence_report import (
     ADAPTIVE_RUNS,
     D_SETTINGS,
@@ -26,6 +27,7 @@ from bench.evidence_report import (
     level_speedup,
     load_all,
     lp_prices,
+    moved_headlines,
     moved_table,
     objective_max,
     objective_mean,
@@ -371,6 +373,33 @@ def test_what_moved_compares_each_run_with_its_previous_self_on_the_seeds_both_h
     assert "## What moved from the previous evidence" in doc.read_text()
     report(now, results, doc, None)
     assert "What moved" not in doc.read_text()
+
+
+def test_the_headlines_compare_both_sets_on_their_shared_runs_and_flow_grpo_at_cfg1_with_its_old_self(
+        tmp_path) -> None:
+    """Table 1 of each set on the (run, seed) pairs both have: now's seed 1 and now-only runs change nothing.
+    The previous `flow_grpo` (sampled at CFG 1) is compared with today's `flow_grpo_cfg1`, not the CFG 4.5 run."""
+    now, before = tmp_path / "now", tmp_path / "before"
+    write(now, "diffusionnft", 0, [0.0, 1.0, 2.0], fp=100)
+    write(now, "sol_rl", 0, [0.0, 2.0, 4.0], fp=100, lp=10)
+    write(now, "sol_rl", 1, [0.0, 9.0, 9.0], fp=100, lp=10)
+    write(before, "diffusionnft", 0, [0.0, 1.0, 2.0], fp=100)
+    write(before, "sol_rl", 0, [0.0, 1.0, 2.0], fp=100, lp=10)
+    write(before, "flow_grpo", 0, [0.0, 0.5, 1.0], fp=100)
+    write(now, "flow_grpo_cfg1", 0, [0.0, 0.5, 1.5], fp=100)
+    write(now, "flow_grpo", 0, [5.0, 5.5, 6.0], fp=200)
+    previous = {PREVIOUS_NAMES.get(n, n): v for n, v in load_all(before).items()}
+    _, out = moved_headlines(load_all(now), previous)
+    key = "Table 1, sol_rl at equal modeled time"
+    # sol_rl read at diffusionnft's final budget 2·C_nft: its reward slope per modeled second times that budget
+    iterations_at_budget = 2 * per_iteration(PRICES, fp=100) / per_iteration(PRICES, fp=100, lp=10)
+    assert out[key]["now"] == pytest.approx(2.0 * iterations_at_budget)
+    assert out[key]["before"] == pytest.approx(1.0 * iterations_at_budget)
+    assert "Table 1, flow_grpo at equal modeled time" not in out
+    results, doc = tmp_path / "results", tmp_path / "evidence.md"
+    report(now, results, doc, None, previous_dir=before)
+    moved = json.loads((results / "evidence.json").read_text())["tables"]["moved"]
+    assert "flow_grpo" not in moved and moved["flow_grpo_cfg1"]["delta_final"] == pytest.approx(0.5)
 
 
 def test_report_reads_the_long_pair_when_its_files_exist(tmp_path) -> None:
