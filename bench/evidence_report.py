@@ -70,7 +70,7 @@ FLOW_GRPO_CFG_NOTE = ("Each run samples, trains and is evaluated at its source's
                       "(two forwards a step, counted in its modeled time), DiffusionNFT and Sol-RL at CFG 1 (their "
                       "source is CFG-free). So Flow-GRPO starts from a higher held-out reward (the base model "
                       "guided: `bench/results/base_model_cfg.json`); read its gain as well as its level.")
-# Flow-GRPO with one setting changed (runnable by name, outside the plan: bench.convergence.RUNS):
+# Flow-GRPO with one setting changed (bench.convergence.RUNS; the plan makes them after the third seeds):
 # variant → (the setting, the source's value, the variant's, the question the pair answers)
 GRPO_VARIANTS = {
     "flow_grpo_ema_every1": ("EMA folded", "every 8th optimizer step (the source)", "every optimizer step",
