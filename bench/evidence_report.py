@@ -919,6 +919,8 @@ def report(run_dir: Path, results: Path, doc: Path = Path("docs/evidence.md"),
         subset = {n: {s: runs[n][s] for s in seeds} for n in names if n in runs}
         if len(subset) > 1 and seeds:
             plot(subset, results / f"evidence_{group}.png", ylabel="held-out digit_margin")
+        else:  # no figure from runs that are not there: an earlier report's would show other runs
+            (results / f"evidence_{group}.png").unlink(missing_ok=True)
     if speed is not None and speed["seeds"]:
         plot_speedup(speed, results / "evidence_speedup.png")
     (results / "evidence.json").write_text(json.dumps({"tables": numbers, "runs": runs}, indent=1, default=str) + "\n")

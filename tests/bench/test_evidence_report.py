@@ -330,7 +330,10 @@ def test_report_builds_every_table_from_per_run_files(tmp_path) -> None:
         write(runs, "diffusionnft", seed, [0.0, 1.0, 2.0], fp=100)
         write(runs, "sol_rl", seed, [0.0, 2.0, 4.0], fp=100, lp=10)
         write(runs, "flow_grpo", seed, [0.0, 0.1, 0.2], fp=100)  # never reaches diffusionnft's 2.0
+    results.mkdir()
+    (results / "evidence_long.png").write_bytes(b"an earlier report's figure of runs no longer here")
     report(runs, results, doc, discussion)
+    assert not (results / "evidence_long.png").exists()
     numbers = json.loads((results / "evidence.json").read_text())["tables"]
     assert numbers["convergence"]["sol_rl"]["iteration"]["per_seed"] == [pytest.approx(2.0)] * 2
     assert numbers["convergence"]["flow_grpo"]["iteration"]["per_seed"] == [0.0, 0.0]
