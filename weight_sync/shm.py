@@ -261,6 +261,29 @@ def leaked(tag: str = "") -> list[str]:
     return [n for n in _shm_names() if n.startswith(prefix)]
 
 
+def formatted_memory(name: str, capacity: int) -> shared_memory.SharedMemory:
+    """New shared memory for a region of two slots of `capacity` bytes (in whole pages), its header written
+    (no versions, the capacity, the magic) and its pages reserved up front: OSError (ENOSPC) here when
+    /dev/shm cannot hold it, rather than SIGBUS in a writer later. Tracked as this process's to unlink."""
+    capacity = -(-capacity // 4096) * 4096
+    shm = shared_memory.SharedMemory(name, create=True, size=HEADER + 2 * capacity)
+    if hasattr(os, "posix_fallocate"):  # Linux; tmpfs gives a size without pages until they are written
+        try:
+            os.posix_fallocate(shm._fd, 0, shm.size)  # type: ignore[attr-defined]
+        except OSError:
+            shm.close()
+            shm.unlink()  # (and unregisters it from the resource tracker)
+            raise
+    _OWNED.add(shm.name)
+    header = np.ndarray((64,), dtype=np.int64, buffer=shm.buf)
+    header[:] = 0
+    header[_VERSION], header[_VERSION + 1], header[_WVERSION] = -1, -1, -1
+    header[_CAPACITY] = capacity
+    header[_MAGIC] = MAGIC
+    del header  # a view into shm.buf would keep it from closing
+    return shm
+
+
 class Region:
     """A mapped two-slot region. `Region.create` (the service: owner, tracked, unlinks) or
     `Region.attach` (writers and readers: untracked, never unlink)."""
@@ -274,25 +297,8 @@ class Region:
 
     @classmethod
     def create(cls, name: str, capacity: int) -> Region:
-        """A new region of two slots of `capacity` bytes (in whole pages), its pages reserved up front:
-        OSError (ENOSPC) here when /dev/shm cannot hold it, rather than SIGBUS in a writer later."""
-        capacity = -(-capacity // 4096) * 4096
-        shm = shared_memory.SharedMemory(name, create=True, size=HEADER + 2 * capacity)
-        if hasattr(os, "posix_fallocate"):  # Linux; tmpfs gives a size without pages until they are written
-            try:
-                os.posix_fallocate(shm._fd, 0, shm.size)  # type: ignore[attr-defined]
-            except OSError:
-                shm.close()
-                shm.unlink()  # (and unregisters it from the resource tracker)
-                raise
-        _OWNED.add(shm.name)
-        header = np.ndarray((64,), dtype=np.int64, buffer=shm.buf)
-        header[:] = 0
-        header[_VERSION], header[_VERSION + 1], header[_WVERSION] = -1, -1, -1
-        header[_CAPACITY] = capacity
-        header[_MAGIC] = MAGIC
-        del header
-        return cls(shm, owner=True)
+        """A new region of two slots of `capacity` bytes (`formatted_memory`), owned by this process."""
+        return cls(formatted_memory(name, capacity), owner=True)
 
     @classmethod
     def attach(cls, name: str) -> Region:
